@@ -1,0 +1,280 @@
+//! The client: typed calls over any transport, with client-generated request ids, a pending
+//! table of one-shot waiters, per-call deadlines, and reconnection on demand.
+//!
+//! ```no_run
+//! # async fn demo() -> volley::Result<()> {
+//! use volley::{Client, Method};
+//! const ECHO: Method<String, String> = Method::new("echo", "say");
+//!
+//! let client = Client::connect("tcp://127.0.0.1:7000").await?;
+//! let reply = client.call(&ECHO, "hello".to_string()).await?;
+//! # Ok(()) }
+//! ```
+
+mod conn;
+mod pending;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use tokio::net::{TcpStream, UnixStream};
+use tokio::runtime::Handle;
+
+use crate::codec::Wire;
+use crate::error::Error;
+use crate::method::Method;
+use crate::proto::Limits;
+use crate::proto::message::FLAG_IDEMPOTENT;
+use crate::server::Shared;
+use crate::stats::{Counters, Snapshot};
+use crate::transport::{Address, inproc as registry};
+use conn::StreamConn;
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Deadline of a call that does not set its own (default 30 s).
+    pub timeout: Duration,
+    /// How long connecting may take (default 5 s).
+    pub connect_timeout: Duration,
+    /// Protocol limits for the connection.
+    pub limits: Limits,
+    /// The client-id half of request ids. Until a registry assigns one, a process-local
+    /// counter does.
+    pub client_id: Option<u32>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            limits: Limits::default(),
+            client_id: None,
+        }
+    }
+}
+
+/// Per-call options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallOptions {
+    /// Overrides the client's default deadline.
+    pub timeout: Option<Duration>,
+    /// The call is safe to repeat (used by retries and failover).
+    pub idempotent: bool,
+}
+
+impl CallOptions {
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+    pub fn idempotent(mut self) -> Self {
+        self.idempotent = true;
+        self
+    }
+}
+
+/// A connection to one server address. Cheap to clone; clones share the connection.
+/// Dropping the last clone closes it.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: Address,
+    config: ClientConfig,
+    client_id: u32,
+    seq: AtomicU32,
+    conn: RwLock<Option<Conn>>,
+    /// Serializes reconnect attempts.
+    reconnect: tokio::sync::Mutex<()>,
+    counters: Arc<Counters>,
+    runtime: Handle,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Inproc(Arc<Shared>),
+    Stream(Arc<StreamConn>),
+}
+
+static NEXT_LOCAL_CLIENT_ID: AtomicU32 = AtomicU32::new(1);
+
+impl Client {
+    /// Connects to `addr` (`inproc://NAME`, `unix:///PATH` or `tcp://HOST:PORT`) with the
+    /// default settings.
+    pub async fn connect(addr: &str) -> Result<Client, Error> {
+        Client::connect_with(addr, ClientConfig::default()).await
+    }
+
+    /// Connects with explicit settings.
+    pub async fn connect_with(addr: &str, config: ClientConfig) -> Result<Client, Error> {
+        let addr = Address::parse(addr)?;
+        let client_id = config
+            .client_id
+            .unwrap_or_else(|| NEXT_LOCAL_CLIENT_ID.fetch_add(1, Ordering::Relaxed));
+        let inner = Inner {
+            conn: RwLock::new(None),
+            reconnect: tokio::sync::Mutex::new(()),
+            counters: Arc::new(Counters::default()),
+            runtime: Handle::current(),
+            seq: AtomicU32::new(0),
+            client_id,
+            addr,
+            config,
+        };
+        let conn = inner.open().await?;
+        *inner.conn.write() = Some(conn);
+        Ok(Client {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Calls `m` with `req` and waits for the reply, up to the default deadline.
+    pub async fn call<Req: Wire, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+    ) -> Result<Resp, Error> {
+        self.call_with(m, req, CallOptions::default()).await
+    }
+
+    /// Calls `m` with per-call options.
+    pub async fn call_with<Req: Wire, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        opts: CallOptions,
+    ) -> Result<Resp, Error> {
+        let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
+        match self.inner.connection().await? {
+            Conn::Inproc(server) => crate::server::inproc::call(&server, m, req, timeout).await,
+            Conn::Stream(c) => {
+                let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
+                c.call(
+                    self.inner.next_id(),
+                    || self.inner.next_id(),
+                    m,
+                    &req,
+                    flags,
+                    timeout,
+                )
+                .await
+            }
+        }
+    }
+
+    /// The blocking form of [`call`](Self::call), for code that is not async. Must not be
+    /// called from inside an async runtime (it would block one of its threads): there it
+    /// returns an error instead.
+    pub fn call_blocking<Req: Wire, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+    ) -> Result<Resp, Error> {
+        if Handle::try_current().is_ok() {
+            return Err(Error::Usage(
+                "call_blocking inside an async runtime; use call().await".into(),
+            ));
+        }
+        self.inner.runtime.block_on(self.call(m, req))
+    }
+
+    /// The address this client talks to.
+    pub fn address(&self) -> &Address {
+        &self.inner.addr
+    }
+
+    /// This client's id: the upper 32 bits of every request id it generates.
+    pub fn client_id(&self) -> u32 {
+        self.inner.client_id
+    }
+
+    /// Counters of this client (frames, messages and bytes sent and received).
+    pub fn counters(&self) -> Snapshot {
+        self.inner.counters.snapshot()
+    }
+
+    /// Calls sent and not yet answered on the current connection.
+    pub fn pending_calls(&self) -> usize {
+        match &*self.inner.conn.read() {
+            Some(Conn::Stream(c)) => c.pending_len(),
+            _ => 0,
+        }
+    }
+}
+
+impl Inner {
+    /// Request ids are the client id (upper half) and a per-client sequence (lower half).
+    /// The sequence wraps; the pending table skips any id still in use.
+    fn next_id(&self) -> u64 {
+        ((self.client_id as u64) << 32) | self.seq.fetch_add(1, Ordering::Relaxed) as u64
+    }
+
+    async fn connection(&self) -> Result<Conn, Error> {
+        if let Some(c) = &*self.conn.read() {
+            match c {
+                Conn::Stream(s) if !s.is_alive() => {}
+                live => return Ok(live.clone()),
+            }
+        }
+        let _one_at_a_time = self.reconnect.lock().await;
+        if let Some(c @ Conn::Stream(s)) = &*self.conn.read()
+            && s.is_alive()
+        {
+            return Ok(c.clone());
+        }
+        tracing::debug!(addr = %self.addr, "reconnecting");
+        let conn = self.open().await?;
+        *self.conn.write() = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn open(&self) -> Result<Conn, Error> {
+        let connect = async {
+            match &self.addr {
+                Address::Inproc(name) => {
+                    registry::lookup(name).map(Conn::Inproc).ok_or_else(|| {
+                        Error::Connection(format!("no inproc server is listening on {}", self.addr))
+                    })
+                }
+                Address::Tcp(a) => {
+                    let s = TcpStream::connect(a.as_str())
+                        .await
+                        .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
+                    let _ = s.set_nodelay(true);
+                    Ok(Conn::Stream(StreamConn::start(
+                        s,
+                        self.config.limits,
+                        self.counters.clone(),
+                    )))
+                }
+                Address::Unix(p) => {
+                    let s = UnixStream::connect(p)
+                        .await
+                        .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
+                    Ok(Conn::Stream(StreamConn::start(
+                        s,
+                        self.config.limits,
+                        self.counters.clone(),
+                    )))
+                }
+            }
+        };
+        tokio::time::timeout(self.config.connect_timeout, connect)
+            .await
+            .map_err(|_| Error::Connection(format!("connect to {} timed out", self.addr)))?
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(Conn::Stream(c)) = &*self.conn.read() {
+            c.close();
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! # Volley
+//!
+//! Service messaging with batching built in. Processes (or components inside one process)
+//! offer named services and call each other with typed requests — one at a time or in large
+//! batches — over in-process queues, Unix sockets or TCP, with the same API.
+//!
+//! ```
+//! use volley::{Client, Method, Server};
+//!
+//! const ECHO: Method<String, String> = Method::new("echo", "say");
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> volley::Result<()> {
+//! let server = Server::builder().handle(&ECHO, |s: String| async move { Ok(s) }).build();
+//! server.listen("inproc://doc-echo").await?; // or unix:///tmp/echo.sock, tcp://127.0.0.1:7000
+//!
+//! let client = Client::connect("inproc://doc-echo").await?;
+//! assert_eq!(client.call(&ECHO, "hi".to_string()).await?, "hi");
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Layers, bottom up: [`proto`] (sans-IO wire format), [`transport`] (inproc, unix, tcp;
+//! send-side bundling and batch reads), [`codec`] (how values become bytes), then
+//! [`Client`] and [`Server`]. `docs/ARCHITECTURE.md` tells the whole story.
+
+pub mod client;
+pub mod codec;
+mod error;
+mod method;
+pub mod proto;
+pub mod server;
+pub mod stats;
+pub mod transport;
+
+pub use bytes;
+pub use client::{CallOptions, Client, ClientConfig};
+pub use codec::{CodecError, Wire};
+pub use error::{Error, Result, Status};
+pub use method::Method;
+pub use proto::Code;
+pub use server::{Server, ServerBuilder, ServerConfig};
+pub use stats::Snapshot;
+pub use transport::Address;

@@ -1,0 +1,231 @@
+//! The incremental decoder: turns a receive buffer into frames, and frames into messages.
+//!
+//! The reader appends whatever the socket gives it to one [`BytesMut`] and calls
+//! [`Decoder::next_frame`] until it returns `None`. A complete frame is split off the front of
+//! the buffer and frozen, so its messages' payloads are slices of the received bytes: nothing is
+//! copied, and bytes already received are never re-scanned. An incomplete frame stays where it
+//! is; [`Decoder::missing`] says how many more bytes it needs, so the reader can reserve room
+//! for the whole frame in one step instead of growing the buffer read by read.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::message::{Code, Kind, Message};
+use super::{Limits, ProtocolError, preamble};
+
+/// Frame decoder for one direction of one connection.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    limits: Limits,
+    expect_preamble: bool,
+}
+
+impl Decoder {
+    /// A decoder that first expects the peer's preamble, then frames.
+    pub fn new(limits: Limits) -> Self {
+        Decoder {
+            limits,
+            expect_preamble: true,
+        }
+    }
+
+    /// A decoder for a stream whose preamble was already checked.
+    pub fn after_preamble(limits: Limits) -> Self {
+        Decoder {
+            limits,
+            expect_preamble: false,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Takes the next complete frame's body off the front of `buf`.
+    ///
+    /// Returns `Ok(None)` when more bytes are needed. Errors are final for the connection: a
+    /// bad preamble, or a length prefix over the limit (reported as soon as the prefix arrives,
+    /// before the peer can make us buffer the body).
+    pub fn next_frame(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, ProtocolError> {
+        if self.expect_preamble {
+            if buf.len() < preamble::PREAMBLE_LEN {
+                return Ok(None);
+            }
+            let mut p = [0u8; preamble::PREAMBLE_LEN];
+            p.copy_from_slice(&buf[..preamble::PREAMBLE_LEN]);
+            preamble::check(&p)?;
+            buf.advance(preamble::PREAMBLE_LEN);
+            self.expect_preamble = false;
+        }
+        let Some(len) = self.frame_len(buf)? else {
+            return Ok(None);
+        };
+        if buf.len() < 4 + len {
+            return Ok(None);
+        }
+        buf.advance(4);
+        Ok(Some(buf.split_to(len).freeze()))
+    }
+
+    /// How many more bytes must arrive before `next_frame` can return something (0 if it can
+    /// now). Errors are not reported here; `next_frame` reports them.
+    pub fn missing(&self, buf: &BytesMut) -> usize {
+        if self.expect_preamble {
+            return preamble::PREAMBLE_LEN.saturating_sub(buf.len());
+        }
+        match self.frame_len(buf) {
+            Ok(Some(len)) => (4 + len).saturating_sub(buf.len()),
+            Ok(None) => 4 - buf.len(),
+            Err(_) => 0,
+        }
+    }
+
+    fn frame_len(&self, buf: &BytesMut) -> Result<Option<usize>, ProtocolError> {
+        if buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if len > self.limits.max_frame_len {
+            return Err(ProtocolError::FrameTooLarge {
+                len,
+                max: self.limits.max_frame_len,
+            });
+        }
+        if len == 0 {
+            return Err(ProtocolError::EmptyFrame);
+        }
+        Ok(Some(len))
+    }
+}
+
+/// Decodes every message of a frame body and appends them to `out`.
+///
+/// The whole frame is validated: on error nothing is appended. Payloads and strings are slices
+/// of `body`.
+pub fn decode_frame(
+    body: &Bytes,
+    limits: &Limits,
+    out: &mut Vec<Message>,
+) -> Result<(), ProtocolError> {
+    let start = out.len();
+    let result = decode_frame_inner(body, limits, out);
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+fn decode_frame_inner(
+    body: &Bytes,
+    limits: &Limits,
+    out: &mut Vec<Message>,
+) -> Result<(), ProtocolError> {
+    if body.is_empty() {
+        return Err(ProtocolError::EmptyFrame);
+    }
+    let mut c = Cursor { body, pos: 0 };
+    let mut count = 0usize;
+    while c.pos < body.len() {
+        count += 1;
+        if count > limits.max_messages_per_frame {
+            return Err(ProtocolError::TooManyMessages {
+                max: limits.max_messages_per_frame,
+            });
+        }
+        let kind_byte = c.u8()?;
+        let kind = Kind::from_u8(kind_byte).ok_or(ProtocolError::UnknownKind(kind_byte))?;
+        let msg = match kind {
+            Kind::Request => {
+                let flags = c.u8()?;
+                let id = c.u64()?;
+                let n = c.u8()? as usize;
+                let service = c.utf8(n, "service name is not UTF-8")?;
+                let n = c.u8()? as usize;
+                let method = c.utf8(n, "method name is not UTF-8")?;
+                let n = c.u32()? as usize;
+                let payload = c.take(n)?;
+                Message::Request {
+                    id,
+                    flags,
+                    service,
+                    method,
+                    payload,
+                }
+            }
+            Kind::Reply => {
+                let id = c.u64()?;
+                let n = c.u32()? as usize;
+                Message::Reply {
+                    id,
+                    payload: c.take(n)?,
+                }
+            }
+            Kind::Error => {
+                let id = c.u64()?;
+                let code = Code::from_u16(c.u16()?);
+                let n = c.u32()? as usize;
+                let message = c.utf8(n, "error message is not UTF-8")?;
+                Message::Error { id, code, message }
+            }
+            Kind::Cancel => Message::Cancel { id: c.u64()? },
+            Kind::Ping => Message::Ping { token: c.u64()? },
+            Kind::Pong => Message::Pong { token: c.u64()? },
+            Kind::GoAway => {
+                let code = Code::from_u16(c.u16()?);
+                let n = c.u32()? as usize;
+                let message = c.utf8(n, "go-away message is not UTF-8")?;
+                Message::GoAway { code, message }
+            }
+        };
+        out.push(msg);
+    }
+    Ok(())
+}
+
+/// Bounds-checked reads over a frame body.
+struct Cursor<'a> {
+    body: &'a Bytes,
+    pos: usize,
+}
+
+const TRUNCATED: ProtocolError = ProtocolError::Malformed("message runs past the end of its frame");
+
+impl Cursor<'_> {
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtocolError> {
+        let end = self
+            .pos
+            .checked_add(N)
+            .filter(|&e| e <= self.body.len())
+            .ok_or(TRUNCATED)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(&self.body[self.pos..end]);
+        self.pos = end;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, ProtocolError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, ProtocolError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, ProtocolError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, ProtocolError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn take(&mut self, n: usize) -> Result<Bytes, ProtocolError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.body.len())
+            .ok_or(TRUNCATED)?;
+        let b = self.body.slice(self.pos..end);
+        self.pos = end;
+        Ok(b)
+    }
+    fn utf8(&mut self, n: usize, what: &'static str) -> Result<Bytes, ProtocolError> {
+        let b = self.take(n)?;
+        std::str::from_utf8(&b).map_err(|_| ProtocolError::Malformed(what))?;
+        Ok(b)
+    }
+}

@@ -1,0 +1,373 @@
+//! Building outgoing frames: messages are appended to one growing send buffer and cut into
+//! frames (bundles) by the limits. The writer of a connection takes everything appended so far
+//! in one go, so whatever callers queued while the last write was in progress leaves in the next
+//! single write ("smart batching": no timer, a lone message leaves at once).
+//!
+//! Payloads are written straight into the send buffer by a closure (no intermediate copy).
+//! Large `Bytes` payloads are not copied at all: they become their own segment of the
+//! outgoing write (see [`FrameBuilder::reply_bytes`]).
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::Limits;
+use super::message::{Code, Kind, MAX_NAME_LEN};
+
+/// Payloads at least this large are sent as their own segment instead of being copied into the
+/// send buffer. Below it a copy is cheaper than an extra iovec and refcount.
+pub const ZERO_COPY_MIN: usize = 16 * 1024;
+
+/// Frames are closed once their body passes this size, even below the hard limit, so the peer
+/// can start decoding the first part of a big bundle while the rest is still in flight.
+pub const SOFT_FRAME_LEN: usize = 256 * 1024;
+
+/// Why a message could not be appended. Nothing was appended in either case.
+#[derive(Debug)]
+pub enum BuildError<E> {
+    /// The payload encoder failed.
+    Payload(E),
+    /// The message does not fit in one frame under the limits.
+    TooLarge { len: usize, max: usize },
+}
+
+/// Accumulates messages into frames. Not thread-safe: a connection wraps it in its send lock.
+#[derive(Debug)]
+pub struct FrameBuilder {
+    limits: Limits,
+    /// Bytes not yet handed to the writer, starting at a frame boundary.
+    buf: BytesMut,
+    /// Finished segments queued before `buf` (present only when a zero-copy payload was queued).
+    segments: Vec<Bytes>,
+    /// Offset in `buf` of the open frame's length prefix.
+    open: Option<usize>,
+    /// Messages in the open frame.
+    open_count: usize,
+    frames: u64,
+    messages: u64,
+}
+
+impl FrameBuilder {
+    pub fn new(limits: Limits) -> Self {
+        FrameBuilder {
+            limits,
+            buf: BytesMut::new(),
+            segments: Vec::new(),
+            open: None,
+            open_count: 0,
+            frames: 0,
+            messages: 0,
+        }
+    }
+
+    /// True when nothing is waiting to be written.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty() && self.segments.is_empty()
+    }
+
+    /// Bytes waiting to be written.
+    pub fn pending_bytes(&self) -> usize {
+        self.buf.len() + self.segments.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    /// Frames and messages completed or opened since the builder was created.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.frames, self.messages)
+    }
+
+    /// Appends a request whose payload `write` encodes into the buffer.
+    pub fn request<E>(
+        &mut self,
+        id: u64,
+        flags: u8,
+        service: &str,
+        method: &str,
+        write: impl FnOnce(&mut BytesMut) -> Result<(), E>,
+    ) -> Result<(), BuildError<E>> {
+        check_name(service)?;
+        check_name(method)?;
+        self.message(
+            |b| {
+                b.put_u8(Kind::Request as u8);
+                b.put_u8(flags);
+                b.put_u64_le(id);
+                b.put_u8(service.len() as u8);
+                b.put_slice(service.as_bytes());
+                b.put_u8(method.len() as u8);
+                b.put_slice(method.as_bytes());
+            },
+            Payload::Write(write),
+        )
+    }
+
+    /// Appends a request with a ready-made payload; large payloads are queued without a copy.
+    pub fn request_bytes(
+        &mut self,
+        id: u64,
+        flags: u8,
+        service: &str,
+        method: &str,
+        payload: Bytes,
+    ) -> Result<(), BuildError<std::convert::Infallible>> {
+        check_name(service)?;
+        check_name(method)?;
+        self.message(
+            |b| {
+                b.put_u8(Kind::Request as u8);
+                b.put_u8(flags);
+                b.put_u64_le(id);
+                b.put_u8(service.len() as u8);
+                b.put_slice(service.as_bytes());
+                b.put_u8(method.len() as u8);
+                b.put_slice(method.as_bytes());
+            },
+            Payload::<fn(&mut BytesMut) -> Result<(), _>>::Bytes(payload),
+        )
+    }
+
+    /// Appends a reply whose payload `write` encodes into the buffer.
+    pub fn reply<E>(
+        &mut self,
+        id: u64,
+        write: impl FnOnce(&mut BytesMut) -> Result<(), E>,
+    ) -> Result<(), BuildError<E>> {
+        self.message(|b| reply_header(b, id), Payload::Write(write))
+    }
+
+    /// Appends a reply with a ready-made payload; large payloads are queued without a copy.
+    pub fn reply_bytes(
+        &mut self,
+        id: u64,
+        payload: Bytes,
+    ) -> Result<(), BuildError<std::convert::Infallible>> {
+        self.message(
+            |b| reply_header(b, id),
+            Payload::<fn(&mut BytesMut) -> Result<(), _>>::Bytes(payload),
+        )
+    }
+
+    /// Appends an error reply. Over-long messages are cut (at a character boundary) to fit.
+    pub fn error(&mut self, id: u64, code: Code, message: &str) {
+        let message = truncate_str(message, 64 * 1024);
+        self.fixed(|b| {
+            b.put_u8(Kind::Error as u8);
+            b.put_u64_le(id);
+            b.put_u16_le(code.to_u16());
+            b.put_u32_le(message.len() as u32);
+            b.put_slice(message.as_bytes());
+        });
+    }
+
+    /// Appends a cancel for request `id`.
+    pub fn cancel(&mut self, id: u64) {
+        self.fixed(|b| {
+            b.put_u8(Kind::Cancel as u8);
+            b.put_u64_le(id);
+        });
+    }
+
+    /// Appends a ping carrying `token`, to be echoed in a pong.
+    pub fn ping(&mut self, token: u64) {
+        self.fixed(|b| {
+            b.put_u8(Kind::Ping as u8);
+            b.put_u64_le(token);
+        });
+    }
+
+    /// Appends a pong echoing `token`.
+    pub fn pong(&mut self, token: u64) {
+        self.fixed(|b| {
+            b.put_u8(Kind::Pong as u8);
+            b.put_u64_le(token);
+        });
+    }
+
+    /// Appends a go-away: the sender is about to close the connection, and says why.
+    pub fn go_away(&mut self, code: Code, message: &str) {
+        let message = truncate_str(message, 64 * 1024);
+        self.fixed(|b| {
+            b.put_u8(Kind::GoAway as u8);
+            b.put_u16_le(code.to_u16());
+            b.put_u32_le(message.len() as u32);
+            b.put_slice(message.as_bytes());
+        });
+    }
+
+    /// Closes the open frame and moves everything queued into `out`, in write order.
+    /// The builder keeps its buffer's spare capacity for the next messages.
+    pub fn take_into(&mut self, out: &mut Vec<Bytes>) {
+        self.close_frame();
+        out.append(&mut self.segments);
+        if !self.buf.is_empty() {
+            out.push(self.buf.split().freeze());
+        }
+    }
+
+    /// Releases the send buffer's memory if it grew beyond `keep` bytes (after a burst of large
+    /// messages), so an idle connection does not pin it.
+    pub fn shrink_to(&mut self, keep: usize) {
+        if self.is_empty() && self.buf.capacity() > keep {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    /// A message of fixed, small size (no payload): cannot fail.
+    fn fixed(&mut self, header: impl FnOnce(&mut BytesMut)) {
+        let never = self.message(
+            header,
+            Payload::<fn(&mut BytesMut) -> Result<(), std::convert::Infallible>>::None,
+        );
+        // Fixed messages are a few dozen bytes (errors cut to 64 KiB): far below any frame limit.
+        debug_assert!(never.is_ok());
+    }
+
+    fn message<E, F: FnOnce(&mut BytesMut) -> Result<(), E>>(
+        &mut self,
+        header: impl FnOnce(&mut BytesMut),
+        payload: Payload<F>,
+    ) -> Result<(), BuildError<E>> {
+        if self.open.is_none() {
+            self.open_frame();
+        }
+        let start = self.buf.len();
+        header(&mut self.buf);
+        let len_at = self.buf.len();
+        match payload {
+            Payload::None => {}
+            Payload::Write(write) => {
+                self.buf.put_u32_le(0);
+                if let Err(e) = write(&mut self.buf) {
+                    self.unwind(start);
+                    return Err(BuildError::Payload(e));
+                }
+                let n = self.buf.len() - len_at - 4;
+                if n > u32::MAX as usize {
+                    self.unwind(start);
+                    return Err(BuildError::TooLarge {
+                        len: n,
+                        max: u32::MAX as usize,
+                    });
+                }
+                self.buf[len_at..len_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
+            }
+            Payload::Bytes(bytes) => {
+                let msg_len = len_at - start + 4 + bytes.len();
+                if msg_len > self.limits.max_frame_len {
+                    self.unwind(start);
+                    return Err(BuildError::TooLarge {
+                        len: msg_len,
+                        max: self.limits.max_frame_len,
+                    });
+                }
+                self.buf.put_u32_le(bytes.len() as u32);
+                if bytes.len() >= ZERO_COPY_MIN {
+                    return Ok(self.zero_copy_tail(start, bytes));
+                }
+                self.buf.put_slice(&bytes);
+            }
+        }
+        self.finish_message(start)
+    }
+
+    /// The message starting at `start` is complete in `buf`: enforce the frame limit, count it,
+    /// and close the frame if it is full.
+    fn finish_message<E>(&mut self, start: usize) -> Result<(), BuildError<E>> {
+        let open = self.open.expect("message() opened a frame");
+        let msg_len = self.buf.len() - start;
+        if msg_len > self.limits.max_frame_len {
+            self.unwind(start);
+            return Err(BuildError::TooLarge {
+                len: msg_len,
+                max: self.limits.max_frame_len,
+            });
+        }
+        if self.buf.len() - open - 4 > self.limits.max_frame_len {
+            // Fits alone but not with the frame's earlier messages: move it into a frame of its
+            // own. Rare (only near the hard limit), so a memmove of the message is fine.
+            let tail = self.buf.split_off(start);
+            self.close_frame();
+            self.open_frame();
+            self.buf.unsplit(tail);
+        }
+        self.open_count += 1;
+        self.messages += 1;
+        let body = self.buf.len() - self.open.expect("frame is open") - 4;
+        if self.open_count >= self.limits.max_messages_per_frame || body >= SOFT_FRAME_LEN {
+            self.close_frame();
+        }
+        Ok(())
+    }
+
+    /// Queues a message whose header (from `start`) is in `buf` and whose large payload is
+    /// `bytes`, without copying the payload: the message gets a frame of its own whose first
+    /// segment is the header and second the payload.
+    fn zero_copy_tail(&mut self, start: usize, bytes: Bytes) {
+        let header = self.buf.split_off(start);
+        self.close_frame();
+        let frame_len = header.len() + bytes.len();
+        self.buf.put_u32_le(frame_len as u32);
+        self.buf.unsplit(header);
+        self.segments.push(self.buf.split().freeze());
+        self.segments.push(bytes);
+        self.frames += 1;
+        self.messages += 1;
+    }
+
+    fn unwind(&mut self, start: usize) {
+        self.buf.truncate(start);
+        if self.open_count == 0 {
+            // The frame was opened for this message: drop its header too.
+            let open = self.open.take().expect("frame is open");
+            self.buf.truncate(open);
+        }
+    }
+
+    fn open_frame(&mut self) {
+        self.open = Some(self.buf.len());
+        self.open_count = 0;
+        self.buf.put_u32_le(0);
+    }
+
+    fn close_frame(&mut self) {
+        if let Some(open) = self.open.take() {
+            if self.open_count == 0 {
+                self.buf.truncate(open);
+                return;
+            }
+            let body = (self.buf.len() - open - 4) as u32;
+            self.buf[open..open + 4].copy_from_slice(&body.to_le_bytes());
+            self.frames += 1;
+            self.open_count = 0;
+        }
+    }
+}
+
+enum Payload<F> {
+    None,
+    Write(F),
+    Bytes(Bytes),
+}
+
+fn reply_header(b: &mut BytesMut, id: u64) {
+    b.put_u8(Kind::Reply as u8);
+    b.put_u64_le(id);
+}
+
+fn check_name<E>(name: &str) -> Result<(), BuildError<E>> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(BuildError::TooLarge {
+            len: name.len(),
+            max: MAX_NAME_LEN,
+        });
+    }
+    Ok(())
+}
+
+fn truncate_str(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

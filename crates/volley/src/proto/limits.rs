@@ -1,0 +1,29 @@
+//! Bounds on what a peer may send. Crossing one is a [`ProtocolError`](super::ProtocolError)
+//! that closes that connection only.
+
+/// Protocol limits, enforced by the [`Decoder`](super::Decoder) on what it receives and used by
+/// senders to cut bundles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest frame body accepted, in bytes (the 4-byte length prefix not counted).
+    pub max_frame_len: usize,
+    /// Most messages one frame may bundle.
+    pub max_messages_per_frame: usize,
+}
+
+impl Limits {
+    /// 16 MiB frames: room for a 4 MiB payload several times over, small enough that one
+    /// hostile length prefix cannot make us reserve gigabytes.
+    pub const DEFAULT_MAX_FRAME_LEN: usize = 16 << 20;
+    /// 4096 messages per bundle: four times a full server turn (`max_batch` = 1000).
+    pub const DEFAULT_MAX_MESSAGES_PER_FRAME: usize = 4096;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_len: Self::DEFAULT_MAX_FRAME_LEN,
+            max_messages_per_frame: Self::DEFAULT_MAX_MESSAGES_PER_FRAME,
+        }
+    }
+}

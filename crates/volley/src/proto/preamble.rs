@@ -1,0 +1,47 @@
+//! The connection preamble: the first 8 bytes each side sends, before any frame.
+//!
+//! ```text
+//! offset 0..4  magic   "VLLY" (0x56 0x4c 0x4c 0x59)
+//! offset 4     version 1
+//! offset 5..8  reserved, sent as 0, ignored on receipt
+//! ```
+
+use super::ProtocolError;
+
+/// The magic bytes that open every Volley connection.
+pub const MAGIC: [u8; 4] = *b"VLLY";
+/// The protocol version this implementation speaks.
+pub const VERSION: u8 = 1;
+/// Length of the preamble in bytes.
+pub const PREAMBLE_LEN: usize = 8;
+/// The preamble this implementation sends.
+pub const PREAMBLE: [u8; PREAMBLE_LEN] = [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], VERSION, 0, 0, 0];
+
+/// Checks a peer's preamble.
+pub fn check(bytes: &[u8; PREAMBLE_LEN]) -> Result<(), ProtocolError> {
+    let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
+    if magic != MAGIC {
+        return Err(ProtocolError::BadMagic(magic));
+    }
+    if bytes[4] != VERSION {
+        return Err(ProtocolError::UnsupportedVersion(bytes[4]));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_own_preamble_and_rejects_others() {
+        assert_eq!(check(&PREAMBLE), Ok(()));
+        assert_eq!(check(b"GET / HT"), Err(ProtocolError::BadMagic(*b"GET ")));
+        let mut v2 = PREAMBLE;
+        v2[4] = 2;
+        assert_eq!(check(&v2), Err(ProtocolError::UnsupportedVersion(2)));
+        let mut reserved = PREAMBLE;
+        reserved[7] = 9;
+        assert_eq!(check(&reserved), Ok(()), "reserved bytes are ignored");
+    }
+}

@@ -1,0 +1,185 @@
+//! Serving one unix or tcp connection: read a batch, dispatch it, write the replies as one
+//! bundle (seeds/004: drain the socket up to `max_batch`, process together, answer together).
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use tokio_util::task::TaskTracker;
+
+use super::Shared;
+use super::handler::ReplyWriter;
+use crate::error::Status;
+use crate::proto::message::as_str;
+use crate::proto::{Code, Message, ProtocolError};
+use crate::transport::outbox::Outbox;
+use crate::transport::reader::{FrameReader, ReadError};
+use crate::transport::stream::ByteStream;
+
+enum End {
+    PeerClosed,
+    Shutdown,
+    Protocol(ProtocolError),
+    Io(String),
+}
+
+/// Serves `stream` until the peer leaves, breaks the protocol, or the server shuts down.
+pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
+    let peer = stream.peer();
+    let (rd, wr) = stream.into_halves();
+    let limits = shared.config.limits;
+    let outbox = Arc::new(Outbox::new(limits));
+    let writer = {
+        let (outbox, shared) = (outbox.clone(), shared.clone());
+        tokio::spawn(async move { outbox.write_loop(wr, &shared.counters, true).await })
+    };
+    // Handler batches that did not finish on their first poll run as tasks tracked here, so
+    // the connection closes only after their replies are queued.
+    let inflight = TaskTracker::new();
+    let mut reader = FrameReader::new(rd, limits);
+    let mut batch = Vec::new();
+    let mut dispatch = Dispatch::default();
+    let end = loop {
+        let read = tokio::select! {
+            biased;
+            r = reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters) => r,
+            _ = shared.shutdown.cancelled() => break End::Shutdown,
+        };
+        match read {
+            Ok(true) => {
+                if let Err(e) = dispatch.run(&shared, &outbox, &inflight, &mut batch) {
+                    break End::Protocol(e);
+                }
+            }
+            Ok(false) => break End::PeerClosed,
+            Err(ReadError::Protocol(e)) => break End::Protocol(e),
+            Err(e) => break End::Io(e.to_string()),
+        }
+    };
+    inflight.close();
+    inflight.wait().await;
+    match &end {
+        End::PeerClosed => tracing::debug!(%peer, "peer closed the connection"),
+        End::Shutdown => {
+            let _ = outbox.push(|fb| fb.go_away(Code::ShuttingDown, "server is shutting down"));
+        }
+        End::Protocol(e) => {
+            tracing::warn!(%peer, error = %e, "closing connection: protocol error");
+            let _ = outbox.push(|fb| fb.go_away(Code::Protocol, &e.to_string()));
+        }
+        End::Io(e) => tracing::debug!(%peer, error = %e, "connection failed"),
+    }
+    outbox.close();
+    match writer.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "write failed"),
+        Err(e) => tracing::error!(%peer, error = %e, "writer task failed"),
+    }
+}
+
+/// Scratch space for dispatching batches, reused across turns.
+#[derive(Default)]
+struct Dispatch {
+    /// Consecutive requests for one method, handed to its handler together.
+    group: Vec<(u64, Bytes)>,
+    key: Option<(Bytes, Bytes)>,
+    ready: Vec<Box<dyn ReplyWriter>>,
+    errors: Vec<(u64, Status)>,
+    pongs: Vec<u64>,
+}
+
+impl Dispatch {
+    fn run(
+        &mut self,
+        shared: &Shared,
+        outbox: &Arc<Outbox>,
+        inflight: &TaskTracker,
+        batch: &mut Vec<Message>,
+    ) -> Result<(), ProtocolError> {
+        for msg in batch.drain(..) {
+            match msg {
+                Message::Request {
+                    id,
+                    service,
+                    method,
+                    payload,
+                    ..
+                } => {
+                    let same = self
+                        .key
+                        .as_ref()
+                        .is_some_and(|(s, m)| *s == service && *m == method);
+                    if !same {
+                        self.flush(shared, outbox, inflight);
+                        self.key = Some((service, method));
+                    }
+                    self.group.push((id, payload));
+                }
+                Message::Ping { token } => self.pongs.push(token),
+                // Cancels are advisory in protocol version 1: the reply is still sent, and the
+                // client drops it.
+                Message::Cancel { .. } | Message::Pong { .. } => {}
+                Message::GoAway { code, message } => {
+                    tracing::debug!(%code, message = as_str(&message), "client is going away");
+                }
+                Message::Reply { .. } | Message::Error { .. } => {
+                    return Err(ProtocolError::Malformed(
+                        "a client sent a reply to the server",
+                    ));
+                }
+            }
+        }
+        self.flush(shared, outbox, inflight);
+        if self.ready.is_empty() && self.errors.is_empty() && self.pongs.is_empty() {
+            return Ok(());
+        }
+        let (ready, errors, pongs) = (&mut self.ready, &mut self.errors, &mut self.pongs);
+        let _ = outbox.push(|fb| {
+            for w in ready.drain(..) {
+                w.write(fb);
+            }
+            for (id, status) in errors.drain(..) {
+                fb.error(id, status.code, &status.message);
+            }
+            for token in pongs.drain(..) {
+                fb.pong(token);
+            }
+        });
+        // If the outbox was closed the connection is going away; drop what is left.
+        self.ready.clear();
+        self.errors.clear();
+        self.pongs.clear();
+        Ok(())
+    }
+
+    /// Hands the current group to its handler. A handler that finishes on its first poll has
+    /// its replies written with this turn's bundle; a slower one continues as its own task.
+    fn flush(&mut self, shared: &Shared, outbox: &Arc<Outbox>, inflight: &TaskTracker) {
+        if self.group.is_empty() {
+            return;
+        }
+        let (service, method) = self.key.as_ref().expect("a group has a key");
+        match shared.router.lookup(as_str(service), as_str(method)) {
+            Err(status) => {
+                self.errors
+                    .extend(self.group.drain(..).map(|(id, _)| (id, status.clone())));
+            }
+            Ok(route) => {
+                let items = std::mem::replace(&mut self.group, Vec::with_capacity(16));
+                let mut fut = route.erased.call(items);
+                // The noop waker is safe: a pending future is spawned, and its task polls it
+                // again with a real waker.
+                match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                    Poll::Ready(w) => self.ready.push(w),
+                    Poll::Pending => {
+                        let outbox = outbox.clone();
+                        inflight.spawn(async move {
+                            let w = fut.await;
+                            let _ = outbox.push(|fb| w.write(fb));
+                        });
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Handlers: the user's typed functions, wrapped so that the server can call them on a batch of
+//! raw payloads (unix, tcp) or of typed values (inproc).
+//!
+//! Every handler is a batch handler underneath: a single call is a batch of one. Panics in a
+//! handler become [`Code::Panicked`] error replies; the connection and the server live on.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, MaybeDone};
+use rustc_hash::FxHashMap;
+
+use super::inproc::InprocQueue;
+use crate::codec::Wire;
+use crate::error::Status;
+use crate::proto::Code;
+use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
+
+/// What a batch handler returns: one result per request, in request order.
+pub type BatchResult<Resp> = Vec<Result<Resp, Status>>;
+
+type BatchFn<Req, Resp> = dyn Fn(Vec<Req>) -> BoxFuture<'static, BatchResult<Resp>> + Send + Sync;
+
+/// The handler of one method, typed.
+pub(crate) struct TypedHandler<Req, Resp> {
+    f: Box<BatchFn<Req, Resp>>,
+    pub(crate) inproc: InprocQueue<Req, Resp>,
+}
+
+impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
+    pub(crate) fn from_batch_fn<F, Fut>(f: F) -> Self
+    where
+        F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = BatchResult<Resp>> + Send + 'static,
+    {
+        TypedHandler {
+            f: Box::new(move |reqs| Box::pin(f(reqs))),
+            inproc: InprocQueue::new(),
+        }
+    }
+
+    pub(crate) fn from_item_fn<F, Fut>(f: F) -> Self
+    where
+        F: Fn(Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
+    {
+        let f = Arc::new(f);
+        Self::from_batch_fn(move |reqs: Vec<Req>| {
+            let f = f.clone();
+            JoinItems::new(reqs.into_iter().map(move |r| guard_item(&*f, r)))
+        })
+    }
+
+    /// Runs the handler on a batch; the result always has exactly one entry per request.
+    pub(crate) fn run(&self, reqs: Vec<Req>) -> BoxFuture<'static, BatchResult<Resp>> {
+        let n = reqs.len();
+        let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| (self.f)(reqs))) {
+            Ok(fut) => fut,
+            Err(p) => return Box::pin(std::future::ready(all_failed(n, &p))),
+        };
+        Box::pin(AssertUnwindSafe(fut).catch_unwind().map(move |r| match r {
+            Ok(mut results) => {
+                if results.len() != n {
+                    tracing::error!(
+                        expected = n,
+                        got = results.len(),
+                        "batch handler returned the wrong number of results"
+                    );
+                    results.resize_with(n, || {
+                        Err(Status::new(
+                            Code::Internal,
+                            "batch handler returned too few results",
+                        ))
+                    });
+                    results.truncate(n);
+                }
+                results
+            }
+            Err(p) => all_failed(n, &p),
+        }))
+    }
+}
+
+fn guard_item<Req, Resp, F, Fut>(
+    f: &F,
+    req: Req,
+) -> impl Future<Output = Result<Resp, Status>> + use<Req, Resp, F, Fut>
+where
+    F: Fn(Req) -> Fut,
+    Fut: Future<Output = Result<Resp, Status>>,
+{
+    let fut = std::panic::catch_unwind(AssertUnwindSafe(|| f(req)));
+    async move {
+        match fut {
+            Ok(fut) => AssertUnwindSafe(fut)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|p| Err(panicked(&p))),
+            Err(p) => Err(panicked(&p)),
+        }
+    }
+}
+
+fn panicked(p: &Box<dyn Any + Send>) -> Status {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into());
+    tracing::error!(panic = %what, "handler panicked");
+    Status::new(Code::Panicked, format!("handler panicked: {what}"))
+}
+
+fn all_failed<Resp>(n: usize, p: &Box<dyn Any + Send>) -> BatchResult<Resp> {
+    let status = panicked(p);
+    (0..n).map(|_| Err(status.clone())).collect()
+}
+
+/// Joins the per-item futures of a batch, keeping them in one allocation.
+///
+/// Hand-written instead of `futures::future::join_all` because that one boxes every future in
+/// a `FuturesOrdered` above 30 items — one allocation per request, on the hot path. Here all
+/// futures live in one slice and are polled in place; handlers that finish on their first
+/// poll (the common case) cost one pass.
+struct JoinItems<F: Future> {
+    items: Pin<Box<[MaybeDone<F>]>>,
+}
+
+impl<F: Future> JoinItems<F> {
+    fn new(iter: impl Iterator<Item = F>) -> Self {
+        JoinItems {
+            items: Box::into_pin(iter.map(MaybeDone::Future).collect()),
+        }
+    }
+}
+
+impl<F: Future> Future for JoinItems<F> {
+    type Output = Vec<F::Output>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut all_done = true;
+        for item in iter_pin_mut(self.items.as_mut()) {
+            all_done &= item.poll(cx).is_ready();
+        }
+        if !all_done {
+            return Poll::Pending;
+        }
+        let mut items = std::mem::replace(&mut self.items, Box::into_pin(Box::new([])));
+        Poll::Ready(
+            iter_pin_mut(items.as_mut())
+                .map(|i| i.take_output().expect("every item is done"))
+                .collect(),
+        )
+    }
+}
+
+/// Pinned references to the elements of a pinned slice.
+fn iter_pin_mut<T>(slice: Pin<&mut [T]>) -> impl Iterator<Item = Pin<&mut T>> {
+    // SAFETY: the elements of a pinned slice are pinned too; we never move them out.
+    unsafe { slice.get_unchecked_mut() }
+        .iter_mut()
+        .map(|t| unsafe { Pin::new_unchecked(t) })
+}
+
+/// The type-erased face of a handler, used by byte transports.
+pub(crate) trait ErasedHandler: Send + Sync {
+    /// Decodes the payloads, runs the handler and returns a writer of the replies. Payloads
+    /// that do not decode are answered with [`Code::BadRequest`] without reaching the handler.
+    fn call(&self, reqs: Vec<(u64, Bytes)>) -> BoxFuture<'static, Box<dyn ReplyWriter>>;
+}
+
+/// Writes a finished batch's replies into a connection's outgoing frames.
+pub(crate) trait ReplyWriter: Send {
+    fn write(self: Box<Self>, fb: &mut FrameBuilder);
+}
+
+struct TypedReplies<Resp> {
+    ids: Vec<u64>,
+    results: BatchResult<Resp>,
+    bad: Vec<(u64, Status)>,
+}
+
+impl<Resp: Wire> ReplyWriter for TypedReplies<Resp> {
+    fn write(self: Box<Self>, fb: &mut FrameBuilder) {
+        for (id, status) in self.bad {
+            fb.error(id, status.code, &status.message);
+        }
+        for (id, result) in self.ids.into_iter().zip(self.results) {
+            match result {
+                Ok(resp) => write_reply(fb, id, &resp),
+                Err(status) => fb.error(id, status.code, &status.message),
+            }
+        }
+    }
+}
+
+/// Appends one encoded reply, or an error reply if it cannot be encoded or is too large.
+pub(crate) fn write_reply<Resp: Wire>(fb: &mut FrameBuilder, id: u64, resp: &Resp) {
+    let result = match resp.as_bytes() {
+        Some(b) if b.len() >= ZERO_COPY_MIN => fb.reply_bytes(id, b).map_err(|e| match e {
+            BuildError::TooLarge { len, max } => BuildError::TooLarge { len, max },
+        }),
+        _ => fb.reply(id, |buf| resp.encode(buf)),
+    };
+    match result {
+        Ok(()) => {}
+        Err(BuildError::Payload(e)) => fb.error(
+            id,
+            Code::Internal,
+            &format!("reply could not be encoded: {e}"),
+        ),
+        Err(BuildError::TooLarge { len, max }) => fb.error(
+            id,
+            Code::TooLarge,
+            &format!("reply of {len} bytes exceeds the frame limit of {max}"),
+        ),
+    }
+}
+
+impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
+    fn call(&self, reqs: Vec<(u64, Bytes)>) -> BoxFuture<'static, Box<dyn ReplyWriter>> {
+        let mut ids = Vec::with_capacity(reqs.len());
+        let mut values = Vec::with_capacity(reqs.len());
+        let mut bad = Vec::new();
+        for (id, payload) in reqs {
+            match Req::decode(payload) {
+                Ok(v) => {
+                    ids.push(id);
+                    values.push(v);
+                }
+                Err(e) => bad.push((
+                    id,
+                    Status::new(
+                        Code::BadRequest,
+                        format!("request could not be decoded: {e}"),
+                    ),
+                )),
+            }
+        }
+        if values.is_empty() {
+            let replies: Box<dyn ReplyWriter> = Box::new(TypedReplies::<Resp> {
+                ids,
+                results: Vec::new(),
+                bad,
+            });
+            return Box::pin(std::future::ready(replies));
+        }
+        let fut = self.run(values);
+        Box::pin(async move {
+            let results = fut.await;
+            Box::new(TypedReplies { ids, results, bad }) as Box<dyn ReplyWriter>
+        })
+    }
+}
+
+/// One registered method: its byte-level face and, for inproc callers, its typed self.
+pub(crate) struct Route {
+    pub erased: Arc<dyn ErasedHandler>,
+    pub typed: Arc<dyn Any + Send + Sync>,
+    /// Closes the inproc queue at shutdown.
+    pub close_inproc: Box<dyn Fn() + Send + Sync>,
+}
+
+/// Service name -> method name -> route. Built once; lookups take no lock.
+#[derive(Default)]
+pub(crate) struct Router {
+    services: FxHashMap<Box<str>, FxHashMap<Box<str>, Arc<Route>>>,
+}
+
+impl Router {
+    pub fn insert(&mut self, service: &str, method: &str, route: Route) -> bool {
+        self.services
+            .entry(service.into())
+            .or_default()
+            .insert(method.into(), Arc::new(route))
+            .is_none()
+    }
+
+    pub fn lookup(&self, service: &str, method: &str) -> Result<&Arc<Route>, Status> {
+        let methods = self.services.get(service).ok_or_else(|| {
+            Status::new(
+                Code::UnknownService,
+                format!("no service named {service:?}"),
+            )
+        })?;
+        methods.get(method).ok_or_else(|| {
+            Status::new(
+                Code::UnknownMethod,
+                format!("service {service:?} has no method {method:?}"),
+            )
+        })
+    }
+
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.services.values().flat_map(|m| m.values())
+    }
+}

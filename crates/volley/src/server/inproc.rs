@@ -1,0 +1,169 @@
+//! The inproc path: callers in this process hand typed request values to a per-method queue;
+//! a dispatcher task on the server's runtime drains it in batches of up to `max_batch`, runs
+//! the handler, and hands each typed reply straight back. Nothing is encoded.
+
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use super::Shared;
+use super::handler::{BatchResult, TypedHandler};
+use crate::codec::Wire;
+use crate::error::{Error, Status};
+use crate::method::Method;
+use crate::proto::Code;
+
+pub(crate) type ReplyTx<Resp> = oneshot::Sender<Result<Resp, Error>>;
+
+/// The queue of inproc requests for one method.
+pub(crate) struct InprocQueue<Req, Resp> {
+    state: Mutex<QueueState<Req, Resp>>,
+}
+
+struct QueueState<Req, Resp> {
+    items: Vec<(Req, ReplyTx<Resp>)>,
+    dispatcher: Option<Waker>,
+    running: bool,
+    closed: bool,
+}
+
+/// What `push` asks the caller to do next.
+enum Pushed {
+    /// The dispatcher is running (and was woken if it slept).
+    Queued,
+    /// No dispatcher runs yet: start one.
+    StartDispatcher,
+}
+
+impl<Req, Resp> InprocQueue<Req, Resp> {
+    pub(crate) fn new() -> Self {
+        InprocQueue {
+            state: Mutex::new(QueueState {
+                items: Vec::new(),
+                dispatcher: None,
+                running: false,
+                closed: false,
+            }),
+        }
+    }
+
+    fn push(&self, req: Req, tx: ReplyTx<Resp>) -> Result<Pushed, Error> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(Error::Connection("inproc server is shutting down".into()));
+        }
+        st.items.push((req, tx));
+        if !st.running {
+            st.running = true;
+            return Ok(Pushed::StartDispatcher);
+        }
+        let w = st.dispatcher.take();
+        drop(st);
+        if let Some(w) = w {
+            w.wake();
+        }
+        Ok(Pushed::Queued)
+    }
+
+    /// Refuses new requests; the dispatcher still serves those already queued, then stops.
+    pub(crate) fn close(&self) {
+        let mut st = self.state.lock();
+        st.closed = true;
+        let w = st.dispatcher.take();
+        drop(st);
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// Takes up to `max` queued requests. `Ready(false)` once closed and drained.
+    fn poll_take(
+        &self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<(Req, ReplyTx<Resp>)>,
+        max: usize,
+    ) -> Poll<bool> {
+        let mut st = self.state.lock();
+        if st.items.is_empty() {
+            if st.closed {
+                st.running = false;
+                return Poll::Ready(false);
+            }
+            st.dispatcher = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        if st.items.len() <= max {
+            std::mem::swap(&mut st.items, out);
+        } else {
+            out.extend(st.items.drain(..max));
+        }
+        Poll::Ready(true)
+    }
+}
+
+/// The dispatcher: drains the queue in batches and completes each caller's reply.
+async fn dispatch_loop<Req: Wire, Resp: Wire>(
+    handler: Arc<TypedHandler<Req, Resp>>,
+    shared: Arc<Shared>,
+) {
+    let max = shared.config.max_batch;
+    let mut batch = Vec::new();
+    while std::future::poll_fn(|cx| handler.inproc.poll_take(cx, &mut batch, max)).await {
+        let (reqs, txs): (Vec<Req>, Vec<ReplyTx<Resp>>) = batch.drain(..).unzip();
+        let mut fut = handler.run(reqs);
+        // Fast handlers finish on the first poll: complete them here without a task hop.
+        // The noop waker is safe: a pending future is spawned, and its task polls it again.
+        match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(results) => complete(txs, results),
+            Poll::Pending => {
+                shared.tasks.spawn(async move { complete(txs, fut.await) });
+            }
+        }
+    }
+}
+
+fn complete<Resp>(txs: Vec<ReplyTx<Resp>>, results: BatchResult<Resp>) {
+    for (tx, r) in txs.into_iter().zip(results) {
+        // A caller that timed out has dropped its receiver: the reply is dropped with it.
+        let _ = tx.send(r.map_err(Error::Remote));
+    }
+}
+
+/// Calls `m` on an inproc server.
+pub(crate) async fn call<Req: Wire, Resp: Wire>(
+    shared: &Arc<Shared>,
+    m: &Method<Req, Resp>,
+    req: Req,
+    timeout: Duration,
+) -> Result<Resp, Error> {
+    let route = shared
+        .router
+        .lookup(m.service(), m.name())
+        .map_err(Error::Remote)?;
+    let Some(handler) = route.typed.downcast_ref::<TypedHandler<Req, Resp>>() else {
+        return Err(Error::Remote(Status::new(
+            Code::BadRequest,
+            format!("{m:?} is registered with other request/reply types than the caller's"),
+        )));
+    };
+    let (tx, rx) = oneshot::channel();
+    if let Pushed::StartDispatcher = handler.inproc.push(req, tx)? {
+        let typed = route
+            .typed
+            .clone()
+            .downcast::<TypedHandler<Req, Resp>>()
+            .expect("checked above");
+        let shared2 = shared.clone();
+        shared.spawn(dispatch_loop(typed, shared2));
+    }
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(Error::Connection(
+            "inproc server dropped the request".into(),
+        )),
+        Err(_) => Err(Error::Timeout(timeout)),
+    }
+}

@@ -1,0 +1,267 @@
+//! The server: handlers registered by service and method name, served on any number of
+//! addresses, with graceful shutdown.
+//!
+//! ```no_run
+//! # async fn demo() -> volley::Result<()> {
+//! use volley::{Method, Server};
+//! const ECHO: Method<String, String> = Method::new("echo", "say");
+//!
+//! let server = Server::builder().handle(&ECHO, |s: String| async move { Ok(s) }).build();
+//! let addr = server.listen("tcp://127.0.0.1:0").await?;
+//! # Ok(()) }
+//! ```
+
+mod conn;
+pub(crate) mod handler;
+pub(crate) mod inproc;
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::codec::Wire;
+use crate::error::{Error, Status};
+use crate::method::Method;
+use crate::proto::Limits;
+use crate::stats::{Counters, Snapshot};
+use crate::transport::Address;
+use crate::transport::inproc as registry;
+use crate::transport::stream::Listener;
+use handler::{BatchResult, Route, Router, TypedHandler};
+
+pub use handler::BatchResult as HandlerBatchResult;
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Most requests handed to handlers per turn of a connection (seeds/004: 1000).
+    pub max_batch: usize,
+    /// Protocol limits enforced on every connection.
+    pub limits: Limits,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_batch: 1000,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Registers handlers, then builds a [`Server`].
+pub struct ServerBuilder {
+    router: Router,
+    config: ServerConfig,
+}
+
+impl ServerBuilder {
+    /// Registers an async handler for single requests. Requests arriving together are run
+    /// concurrently and their replies leave together.
+    pub fn handle<Req, Resp, F, Fut>(self, m: &Method<Req, Resp>, f: F) -> Self
+    where
+        Req: Wire,
+        Resp: Wire,
+        F: Fn(Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
+    {
+        self.route(m, TypedHandler::from_item_fn(f))
+    }
+
+    /// Registers a batch handler: it receives every request that arrived together (up to
+    /// `max_batch`) and returns one result per request, in order. A single call is a batch of
+    /// one. Use it when a batch is cheaper to serve as a whole (one lock, one disk write, one
+    /// lookup pass).
+    pub fn handle_batch<Req, Resp, F, Fut>(self, m: &Method<Req, Resp>, f: F) -> Self
+    where
+        Req: Wire,
+        Resp: Wire,
+        F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = BatchResult<Resp>> + Send + 'static,
+    {
+        self.route(m, TypedHandler::from_batch_fn(f))
+    }
+
+    /// Most requests handed to a handler per turn (default 1000).
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.config.max_batch = n.max(1);
+        self
+    }
+
+    /// Protocol limits for every connection.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.config.limits = limits;
+        self
+    }
+
+    pub fn build(self) -> Server {
+        Server {
+            shared: Arc::new(Shared {
+                router: self.router,
+                config: self.config,
+                counters: Counters::default(),
+                shutdown: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                runtime: OnceLock::new(),
+                bound: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    fn route<Req: Wire, Resp: Wire>(
+        mut self,
+        m: &Method<Req, Resp>,
+        h: TypedHandler<Req, Resp>,
+    ) -> Self {
+        let h = Arc::new(h);
+        let closer = h.clone();
+        let route = Route {
+            erased: h.clone(),
+            typed: h,
+            close_inproc: Box::new(move || closer.inproc.close()),
+        };
+        if !self.router.insert(m.service(), m.name(), route) {
+            panic!("{m:?} registered twice");
+        }
+        self
+    }
+}
+
+/// A set of handlers, served on the addresses passed to [`Server::listen`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) router: Router,
+    pub(crate) config: ServerConfig,
+    pub(crate) counters: Counters,
+    pub(crate) shutdown: CancellationToken,
+    /// Accept loops, connections, inproc dispatchers and handler batches still running.
+    pub(crate) tasks: TaskTracker,
+    runtime: OnceLock<Handle>,
+    bound: Mutex<Vec<Address>>,
+}
+
+impl Shared {
+    /// Spawns on the server's runtime (the one `listen` was first called on).
+    pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        let rt = self.runtime.get().cloned().unwrap_or_else(Handle::current);
+        self.tasks.spawn_on(fut, &rt);
+    }
+}
+
+impl Server {
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder {
+            router: Router::default(),
+            config: ServerConfig::default(),
+        }
+    }
+
+    /// Starts serving on `addr` (`inproc://NAME`, `unix:///PATH` or `tcp://HOST:PORT`) and
+    /// returns the address actually bound (with the real port for `tcp://HOST:0`).
+    pub async fn listen(&self, addr: &str) -> Result<Address, Error> {
+        let addr = Address::parse(addr)?;
+        if self.shared.shutdown.is_cancelled() {
+            return Err(Error::Closed);
+        }
+        let _ = self.shared.runtime.set(Handle::current());
+        let bound = match &addr {
+            Address::Inproc(name) => {
+                registry::bind(name, &self.shared)?;
+                addr.clone()
+            }
+            Address::Tcp(a) => {
+                let l = TcpListener::bind(a.as_str())
+                    .await
+                    .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
+                let local = l.local_addr().map_err(|e| Error::io("local address", e))?;
+                let shared = self.shared.clone();
+                self.shared.spawn(accept_loop(shared, l));
+                Address::Tcp(local.to_string())
+            }
+            Address::Unix(path) => {
+                remove_stale_socket(path).await;
+                let l = UnixListener::bind(path)
+                    .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
+                let shared = self.shared.clone();
+                self.shared.spawn(accept_loop(shared, l));
+                addr.clone()
+            }
+        };
+        tracing::info!(address = %bound, "listening");
+        self.shared.bound.lock().push(bound.clone());
+        Ok(bound)
+    }
+
+    /// Graceful shutdown: stops accepting, lets every request already received finish and its
+    /// reply be written, then closes every connection. Returns when all of that is done.
+    pub async fn shutdown(&self) {
+        self.shared.shutdown.cancel();
+        for addr in self.shared.bound.lock().drain(..) {
+            match addr {
+                Address::Inproc(name) => registry::unbind(&name, &self.shared),
+                Address::Unix(path) => {
+                    let _ = std::fs::remove_file(path);
+                }
+                Address::Tcp(_) => {}
+            }
+        }
+        for route in self.shared.router.routes() {
+            (route.close_inproc)();
+        }
+        self.shared.tasks.close();
+        self.shared.tasks.wait().await;
+    }
+
+    /// Like [`shutdown`](Self::shutdown), giving up after `deadline`. Returns whether everything
+    /// finished in time.
+    pub async fn shutdown_within(&self, deadline: Duration) -> bool {
+        tokio::time::timeout(deadline, self.shutdown())
+            .await
+            .is_ok()
+    }
+
+    /// The server's counters (all connections together).
+    pub fn counters(&self) -> Snapshot {
+        self.shared.counters.snapshot()
+    }
+
+    /// Addresses this server is listening on.
+    pub fn addresses(&self) -> Vec<Address> {
+        self.shared.bound.lock().clone()
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = shared.shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(stream) => shared.spawn(conn::serve(shared.clone(), stream)),
+                Err(e) => {
+                    // Out of file descriptors and the like: say so, back off, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+        }
+    }
+}
+
+/// A socket file left by a process that died is removed; a live one is left alone (bind then
+/// fails with "address in use", as it should).
+async fn remove_stale_socket(path: &std::path::Path) {
+    if path.exists() && tokio::net::UnixStream::connect(path).await.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+}

@@ -1,0 +1,127 @@
+//! Transports, chosen by address: `inproc://NAME`, `unix:///PATH`, `tcp://HOST:PORT`.
+//!
+//! - [`inproc`]: a process-wide table of named servers; calls hand request and reply values
+//!   across with no encoding at all.
+//! - [`stream`]: unix and tcp sockets behind one small trait.
+//! - [`outbox`]: the send side of a byte connection — callers append messages, one writer
+//!   drains everything queued into one write.
+//! - [`reader`]: the receive side — reads into one reusable buffer and hands up every complete
+//!   message as one batch.
+
+pub mod inproc;
+pub mod outbox;
+pub mod reader;
+pub mod stream;
+
+use std::path::PathBuf;
+
+use crate::Error;
+
+/// A parsed endpoint address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Address {
+    /// `inproc://NAME`: a server in this process.
+    Inproc(String),
+    /// `unix:///PATH`: a Unix domain socket.
+    Unix(PathBuf),
+    /// `tcp://HOST:PORT`.
+    Tcp(String),
+}
+
+impl Address {
+    pub fn parse(s: &str) -> Result<Address, Error> {
+        let bad = |reason: &str| Error::InvalidAddress {
+            addr: s.to_string(),
+            reason: reason.into(),
+        };
+        let (scheme, rest) = s
+            .split_once("://")
+            .ok_or_else(|| bad("expected SCHEME://..., with scheme inproc, unix or tcp"))?;
+        match scheme {
+            "inproc" if !rest.is_empty() => Ok(Address::Inproc(rest.to_string())),
+            "inproc" => Err(bad("inproc:// needs a name")),
+            "unix" if rest.starts_with('/') => Ok(Address::Unix(PathBuf::from(rest))),
+            "unix" => Err(bad("unix:// needs an absolute path: unix:///run/x.sock")),
+            "tcp" => {
+                let (host, port) = rest
+                    .rsplit_once(':')
+                    .ok_or_else(|| bad("expected tcp://HOST:PORT"))?;
+                if host.is_empty() || port.parse::<u16>().is_err() {
+                    return Err(bad("expected tcp://HOST:PORT with a numeric port"));
+                }
+                Ok(Address::Tcp(rest.to_string()))
+            }
+            _ => Err(bad("unknown scheme; use inproc://, unix:// or tcp://")),
+        }
+    }
+
+    /// Short name of the transport: `inproc`, `unix` or `tcp`.
+    pub fn transport(&self) -> &'static str {
+        match self {
+            Address::Inproc(_) => "inproc",
+            Address::Unix(_) => "unix",
+            Address::Tcp(_) => "tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Inproc(n) => write!(f, "inproc://{n}"),
+            Address::Unix(p) => write!(f, "unix://{}", p.display()),
+            Address::Tcp(a) => write!(f, "tcp://{a}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Address {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Address::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_scheme_and_rejects_nonsense() {
+        assert_eq!(
+            Address::parse("inproc://a").unwrap(),
+            Address::Inproc("a".into())
+        );
+        assert_eq!(
+            Address::parse("unix:///tmp/s").unwrap(),
+            Address::Unix("/tmp/s".into())
+        );
+        assert_eq!(
+            Address::parse("tcp://127.0.0.1:80").unwrap(),
+            Address::Tcp("127.0.0.1:80".into())
+        );
+        assert_eq!(
+            Address::parse("tcp://[::1]:80").unwrap(),
+            Address::Tcp("[::1]:80".into())
+        );
+        for bad in [
+            "",
+            "tcp://x",
+            "tcp://:1",
+            "tcp://h:99999",
+            "udp://h:1",
+            "unix://rel",
+            "inproc://",
+            "x",
+        ] {
+            assert!(
+                matches!(Address::parse(bad), Err(Error::InvalidAddress { .. })),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            Address::parse("unix:///tmp/s").unwrap().to_string(),
+            "unix:///tmp/s"
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The send side of a byte connection: many producers append messages, one writer task drains
+//! everything queued into one (vectored) write.
+//!
+//! This is smart batching in the LMAX/Aeron sense: the writer never waits on a timer. When it
+//! wakes it takes whatever is queued *now*; while its write is in flight, producers keep
+//! appending, and the next write carries all of that. A lone message leaves at once; under load
+//! bundles grow by themselves, and the number of frames and syscalls falls far below the
+//! number of messages.
+
+use std::io::{self, IoSlice};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes};
+use parking_lot::Mutex;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use crate::proto::{FrameBuilder, Limits, PREAMBLE};
+use crate::stats::Counters;
+
+/// After a burst of large messages, an idle send buffer keeps at most this much memory.
+const IDLE_KEEP: usize = 64 * 1024;
+/// Most segments handed to one `writev`.
+const MAX_IOV: usize = 64;
+
+/// The queue of outgoing messages of one connection.
+#[derive(Debug)]
+pub struct Outbox {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    builder: FrameBuilder,
+    writer: Option<Waker>,
+    closed: bool,
+    /// Frame and message counts already reported to the counters.
+    reported: (u64, u64),
+}
+
+/// The outbox was closed: the connection is going away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closed;
+
+impl Outbox {
+    pub fn new(limits: Limits) -> Self {
+        Outbox {
+            state: Mutex::new(State {
+                builder: FrameBuilder::new(limits),
+                writer: None,
+                closed: false,
+                reported: (0, 0),
+            }),
+        }
+    }
+
+    /// Appends messages with `f` under the send lock and wakes the writer if it sleeps.
+    /// Keep `f` short: it runs while other producers wait.
+    pub fn push<R>(&self, f: impl FnOnce(&mut FrameBuilder) -> R) -> Result<R, Closed> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(Closed);
+        }
+        let r = f(&mut st.builder);
+        let wake = if st.builder.is_empty() {
+            None
+        } else {
+            st.writer.take()
+        };
+        drop(st);
+        if let Some(w) = wake {
+            w.wake();
+        }
+        Ok(r)
+    }
+
+    /// Stops accepting messages. What is already queued is still written.
+    pub fn close(&self) {
+        let mut st = self.state.lock();
+        st.closed = true;
+        let w = st.writer.take();
+        drop(st);
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+
+    /// Moves everything queued into `out`. Pending while nothing is queued; `None` once closed
+    /// and drained. Returns the frames and messages taken.
+    fn poll_take(&self, cx: &mut Context<'_>, out: &mut Vec<Bytes>) -> Poll<Option<(u64, u64)>> {
+        let mut st = self.state.lock();
+        if st.builder.is_empty() {
+            if st.closed {
+                return Poll::Ready(None);
+            }
+            st.builder.shrink_to(IDLE_KEEP);
+            st.writer = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        st.builder.take_into(out);
+        let (frames, messages) = st.builder.counts();
+        let delta = (frames - st.reported.0, messages - st.reported.1);
+        st.reported = (frames, messages);
+        Poll::Ready(Some(delta))
+    }
+
+    /// The writer task: sends the preamble (if asked), then drains the outbox into `wr` until
+    /// the outbox is closed and empty, then shuts the write side down.
+    pub async fn write_loop<W: AsyncWrite + Unpin>(
+        &self,
+        mut wr: W,
+        counters: &Counters,
+        send_preamble: bool,
+    ) -> io::Result<()> {
+        if send_preamble {
+            wr.write_all(&PREAMBLE).await?;
+        }
+        let mut segs = Vec::new();
+        while let Some((frames, messages)) =
+            std::future::poll_fn(|cx| self.poll_take(cx, &mut segs)).await
+        {
+            let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
+            write_segments(&mut wr, &mut segs).await?;
+            counters.sent(frames, messages, bytes);
+        }
+        wr.shutdown().await
+    }
+}
+
+/// Writes all segments, vectored when there are several.
+async fn write_segments<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    segs: &mut Vec<Bytes>,
+) -> io::Result<()> {
+    let mut first = 0;
+    while first < segs.len() {
+        let n = if segs.len() - first == 1 {
+            wr.write(&segs[first]).await?
+        } else {
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let count = (segs.len() - first).min(MAX_IOV);
+            for (slot, seg) in iov.iter_mut().zip(&segs[first..first + count]) {
+                *slot = IoSlice::new(seg);
+            }
+            wr.write_vectored(&iov[..count]).await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let mut n = n;
+        while n > 0 {
+            let len = segs[first].len();
+            if n >= len {
+                n -= len;
+                first += 1;
+            } else {
+                segs[first].advance(n);
+                n = 0;
+            }
+        }
+    }
+    segs.clear();
+    Ok(())
+}

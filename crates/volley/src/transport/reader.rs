@@ -1,0 +1,128 @@
+//! The receive side of a byte connection: one reusable buffer, every complete message handed
+//! up as one batch.
+
+use std::io;
+
+use bytes::BytesMut;
+
+use super::stream::ReadHalf;
+use crate::proto::{Decoder, Limits, Message, ProtocolError, decode_frame};
+use crate::stats::Counters;
+
+/// How much room to offer each read. Large enough that a busy connection drains its socket in
+/// a few reads; released whenever the connection goes idle with nothing buffered.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Why reading stopped.
+#[derive(Debug)]
+pub enum ReadError {
+    Io(io::Error),
+    Protocol(ProtocolError),
+    /// The peer closed the stream in the middle of a frame.
+    Truncated,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Protocol(e) => write!(f, "{e}"),
+            ReadError::Truncated => {
+                write!(f, "peer closed the connection in the middle of a frame")
+            }
+        }
+    }
+}
+
+/// Reads frames from one connection.
+pub struct FrameReader<R> {
+    rd: R,
+    buf: BytesMut,
+    decoder: Decoder,
+    limits: Limits,
+}
+
+impl<R: ReadHalf> FrameReader<R> {
+    /// A reader that first expects the peer's preamble.
+    pub fn new(rd: R, limits: Limits) -> Self {
+        FrameReader {
+            rd,
+            buf: BytesMut::new(),
+            decoder: Decoder::new(limits),
+            limits,
+        }
+    }
+
+    /// Bytes held by the receive buffer (for tests of idle memory).
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Waits until at least one message is available, then appends every complete message in
+    /// the buffer (whole frames, stopping once `max` is reached) to `out`.
+    ///
+    /// `Ok(false)` means the peer closed the stream cleanly between frames.
+    pub async fn read_batch(
+        &mut self,
+        out: &mut Vec<Message>,
+        max: usize,
+        counters: &Counters,
+    ) -> Result<bool, ReadError> {
+        loop {
+            let before = out.len();
+            let (mut frames, mut bytes) = (0u64, 0u64);
+            while out.len() < max {
+                match self
+                    .decoder
+                    .next_frame(&mut self.buf)
+                    .map_err(ReadError::Protocol)?
+                {
+                    Some(body) => {
+                        decode_frame(&body, &self.limits, out).map_err(ReadError::Protocol)?;
+                        frames += 1;
+                        bytes += body.len() as u64 + 4;
+                    }
+                    None => break,
+                }
+            }
+            if out.len() > before {
+                counters.received(frames, (out.len() - before) as u64, bytes);
+                return Ok(true);
+            }
+            if !self.fill().await? {
+                return if self.buf.is_empty() {
+                    Ok(false)
+                } else {
+                    Err(ReadError::Truncated)
+                };
+            }
+        }
+    }
+
+    /// Reads more bytes. Tries the socket first; only when it has nothing, and the buffer
+    /// holds no partial frame, is the buffer released before waiting — so a connection that
+    /// goes idle keeps no receive buffer at all. `Ok(false)` at end of stream.
+    async fn fill(&mut self) -> Result<bool, ReadError> {
+        loop {
+            if self.buf.capacity() == 0 {
+                // Idle: hold no buffer until the socket has bytes for us.
+                self.rd.readable().await.map_err(ReadError::Io)?;
+            }
+            let want = self.decoder.missing(&self.buf).max(READ_CHUNK);
+            self.buf.reserve(want);
+            match self.rd.try_read_buf(&mut self.buf) {
+                Ok(0) => return Ok(false),
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.buf.is_empty() {
+                        self.buf = BytesMut::new();
+                    } else {
+                        self.rd.readable().await.map_err(ReadError::Io)?;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+    }
+}
