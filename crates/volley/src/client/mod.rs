@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwapOption;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::runtime::Handle;
 
@@ -89,14 +89,14 @@ struct Inner {
     config: ClientConfig,
     client_id: u32,
     seq: AtomicU32,
-    conn: RwLock<Option<Conn>>,
+    /// The current connection; swapped on reconnect. Read without a lock on every call.
+    conn: ArcSwapOption<Conn>,
     /// Serializes reconnect attempts.
     reconnect: tokio::sync::Mutex<()>,
     counters: Arc<Counters>,
     runtime: Handle,
 }
 
-#[derive(Clone)]
 enum Conn {
     Inproc(Arc<Shared>),
     Stream(Arc<StreamConn>),
@@ -114,11 +114,10 @@ impl Client {
     /// Connects with explicit settings.
     pub async fn connect_with(addr: &str, config: ClientConfig) -> Result<Client, Error> {
         let addr = Address::parse(addr)?;
-        let client_id = config
-            .client_id
-            .unwrap_or_else(|| NEXT_LOCAL_CLIENT_ID.fetch_add(1, Ordering::Relaxed));
+        let client_id =
+            config.client_id.unwrap_or_else(|| NEXT_LOCAL_CLIENT_ID.fetch_add(1, Ordering::Relaxed));
         let inner = Inner {
-            conn: RwLock::new(None),
+            conn: ArcSwapOption::empty(),
             reconnect: tokio::sync::Mutex::new(()),
             counters: Arc::new(Counters::default()),
             runtime: Handle::current(),
@@ -127,19 +126,12 @@ impl Client {
             addr,
             config,
         };
-        let conn = inner.open().await?;
-        *inner.conn.write() = Some(conn);
-        Ok(Client {
-            inner: Arc::new(inner),
-        })
+        inner.conn.store(Some(Arc::new(inner.open().await?)));
+        Ok(Client { inner: Arc::new(inner) })
     }
 
     /// Calls `m` with `req` and waits for the reply, up to the default deadline.
-    pub async fn call<Req: Wire, Resp: Wire>(
-        &self,
-        m: &Method<Req, Resp>,
-        req: Req,
-    ) -> Result<Resp, Error> {
+    pub async fn call<Req: Wire, Resp: Wire>(&self, m: &Method<Req, Resp>, req: Req) -> Result<Resp, Error> {
         self.call_with(m, req, CallOptions::default()).await
     }
 
@@ -151,19 +143,11 @@ impl Client {
         opts: CallOptions,
     ) -> Result<Resp, Error> {
         let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
-        match self.inner.connection().await? {
-            Conn::Inproc(server) => crate::server::inproc::call(&server, m, req, timeout).await,
+        match &*self.inner.connection().await? {
+            Conn::Inproc(server) => crate::server::inproc::call(server, m, req, timeout).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
-                c.call(
-                    self.inner.next_id(),
-                    || self.inner.next_id(),
-                    m,
-                    &req,
-                    flags,
-                    timeout,
-                )
-                .await
+                c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, timeout).await
             }
         }
     }
@@ -177,9 +161,7 @@ impl Client {
         req: Req,
     ) -> Result<Resp, Error> {
         if Handle::try_current().is_ok() {
-            return Err(Error::Usage(
-                "call_blocking inside an async runtime; use call().await".into(),
-            ));
+            return Err(Error::Usage("call_blocking inside an async runtime; use call().await".into()));
         }
         self.inner.runtime.block_on(self.call(m, req))
     }
@@ -201,7 +183,7 @@ impl Client {
 
     /// Calls sent and not yet answered on the current connection.
     pub fn pending_calls(&self) -> usize {
-        match &*self.inner.conn.read() {
+        match self.inner.conn.load().as_deref() {
             Some(Conn::Stream(c)) => c.pending_len(),
             _ => 0,
         }
@@ -215,53 +197,38 @@ impl Inner {
         ((self.client_id as u64) << 32) | self.seq.fetch_add(1, Ordering::Relaxed) as u64
     }
 
-    async fn connection(&self) -> Result<Conn, Error> {
-        if let Some(c) = &*self.conn.read() {
-            match c {
-                Conn::Stream(s) if !s.is_alive() => {}
-                live => return Ok(live.clone()),
-            }
+    async fn connection(&self) -> Result<Arc<Conn>, Error> {
+        if let Some(c) = self.conn.load_full().filter(|c| c.is_alive()) {
+            return Ok(c);
         }
         let _one_at_a_time = self.reconnect.lock().await;
-        if let Some(c @ Conn::Stream(s)) = &*self.conn.read()
-            && s.is_alive()
-        {
-            return Ok(c.clone());
+        if let Some(c) = self.conn.load_full().filter(|c| c.is_alive()) {
+            return Ok(c);
         }
         tracing::debug!(addr = %self.addr, "reconnecting");
-        let conn = self.open().await?;
-        *self.conn.write() = Some(conn.clone());
+        let conn = Arc::new(self.open().await?);
+        self.conn.store(Some(conn.clone()));
         Ok(conn)
     }
 
     async fn open(&self) -> Result<Conn, Error> {
         let connect = async {
             match &self.addr {
-                Address::Inproc(name) => {
-                    registry::lookup(name).map(Conn::Inproc).ok_or_else(|| {
-                        Error::Connection(format!("no inproc server is listening on {}", self.addr))
-                    })
-                }
+                Address::Inproc(name) => registry::lookup(name).map(Conn::Inproc).ok_or_else(|| {
+                    Error::Connection(format!("no inproc server is listening on {}", self.addr))
+                }),
                 Address::Tcp(a) => {
                     let s = TcpStream::connect(a.as_str())
                         .await
                         .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
                     let _ = s.set_nodelay(true);
-                    Ok(Conn::Stream(StreamConn::start(
-                        s,
-                        self.config.limits,
-                        self.counters.clone(),
-                    )))
+                    Ok(Conn::Stream(StreamConn::start(s, self.config.limits, self.counters.clone())))
                 }
                 Address::Unix(p) => {
                     let s = UnixStream::connect(p)
                         .await
                         .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
-                    Ok(Conn::Stream(StreamConn::start(
-                        s,
-                        self.config.limits,
-                        self.counters.clone(),
-                    )))
+                    Ok(Conn::Stream(StreamConn::start(s, self.config.limits, self.counters.clone())))
                 }
             }
         };
@@ -271,9 +238,18 @@ impl Inner {
     }
 }
 
+impl Conn {
+    fn is_alive(&self) -> bool {
+        match self {
+            Conn::Inproc(server) => !server.shutdown.is_cancelled(),
+            Conn::Stream(c) => c.is_alive(),
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(Conn::Stream(c)) = &*self.conn.read() {
+        if let Some(Conn::Stream(c)) = self.conn.load().as_deref() {
             c.close();
         }
     }

@@ -1,10 +1,14 @@
-//! The pending table: request id -> the caller's one-shot completion.
+//! The pending table: request id -> the caller's one-shot completion and its deadline.
 //!
 //! One waiter per request, woken once: the reader removes a whole batch of completions under
-//! one lock, then completes them outside it. A connection that fails completes every waiter
-//! with the same error at once.
+//! one lock, then completes them outside it; the connection's sweeper removes the ones whose
+//! deadline passed; a connection that fails completes every waiter with the same error. Each
+//! path removes the waiter from the table before completing it, so a request ends exactly once.
+
+use std::time::Duration;
 
 use bytes::Bytes;
+use coarsetime::Instant;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
@@ -16,6 +20,12 @@ use crate::error::Error;
 pub(crate) type Outcome = Result<Bytes, Error>;
 pub(crate) type Waiter = oneshot::Sender<Outcome>;
 
+struct Entry {
+    waiter: Waiter,
+    deadline: Instant,
+    timeout: Duration,
+}
+
 #[derive(Default)]
 pub(crate) struct Pending {
     state: Mutex<State>,
@@ -23,35 +33,37 @@ pub(crate) struct Pending {
 
 #[derive(Default)]
 struct State {
-    waiters: FxHashMap<u64, Waiter>,
+    entries: FxHashMap<u64, Entry>,
     /// Set once the connection has failed; later inserts get this error.
     failed: Option<Error>,
 }
 
 impl Pending {
-    /// Registers a waiter for `id`. `next_id` supplies another id if `id` is still in use
-    /// (possible only after the 32-bit sequence wrapped around with a call that old still
-    /// pending).
+    /// Registers a waiter for `id`, due to time out at `deadline`. `next_id` supplies another
+    /// id if `id` is still in use (possible only after the 32-bit sequence wrapped around with
+    /// a call that old still pending).
     pub fn insert(
         &self,
         mut id: u64,
         waiter: Waiter,
+        deadline: Instant,
+        timeout: Duration,
         mut next_id: impl FnMut() -> u64,
     ) -> Result<u64, Error> {
         let mut st = self.state.lock();
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        while st.waiters.contains_key(&id) {
+        while st.entries.contains_key(&id) {
             id = next_id();
         }
-        st.waiters.insert(id, waiter);
+        st.entries.insert(id, Entry { waiter, deadline, timeout });
         Ok(id)
     }
 
     /// Removes the waiter for `id`, if it is still there.
-    pub fn remove(&self, id: u64) -> Option<Waiter> {
-        self.state.lock().waiters.remove(&id)
+    pub fn remove(&self, id: u64) -> bool {
+        self.state.lock().entries.remove(&id).is_some()
     }
 
     /// Takes the waiters of a batch of replies under one lock; ids nobody waits for any more
@@ -64,29 +76,44 @@ impl Pending {
         let mut st = self.state.lock();
         let mut late = 0;
         for (id, r) in replies {
-            match st.waiters.remove(&id) {
-                Some(w) => out.push((w, r)),
+            match st.entries.remove(&id) {
+                Some(e) => out.push((e.waiter, r)),
                 None => late += 1,
             }
         }
         late
     }
 
+    /// Fails every waiter whose deadline is at or before `now` with [`Error::Timeout`], appends
+    /// their ids to `expired`, and returns the earliest deadline still pending.
+    pub fn expire(&self, now: Instant, expired: &mut Vec<u64>) -> Option<Instant> {
+        let (due, earliest) = {
+            let mut st = self.state.lock();
+            let due: Vec<(u64, Entry)> = st.entries.extract_if(|_, e| e.deadline <= now).collect();
+            (due, st.entries.values().map(|e| e.deadline).min())
+        };
+        for (id, e) in due {
+            expired.push(id);
+            let _ = e.waiter.send(Err(Error::Timeout(e.timeout)));
+        }
+        earliest
+    }
+
     /// Fails every waiter with `err` and refuses new ones.
     pub fn fail_all(&self, err: Error) {
-        let waiters = {
+        let entries = {
             let mut st = self.state.lock();
             if st.failed.is_none() {
                 st.failed = Some(err.clone());
             }
-            std::mem::take(&mut st.waiters)
+            std::mem::take(&mut st.entries)
         };
-        for (_, w) in waiters {
-            let _ = w.send(Err(err.clone()));
+        for (_, e) in entries {
+            let _ = e.waiter.send(Err(err.clone()));
         }
     }
 
     pub fn len(&self) -> usize {
-        self.state.lock().waiters.len()
+        self.state.lock().entries.len()
     }
 }
