@@ -65,10 +65,7 @@ pub struct Status {
 
 impl Status {
     pub fn new(code: Code, message: impl Into<String>) -> Status {
-        Status {
-            code,
-            message: message.into(),
-        }
+        Status { code, message: message.into() }
     }
 
     /// An application error (code [`Code::Application`]).

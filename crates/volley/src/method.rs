@@ -18,19 +18,9 @@ pub struct Method<Req, Resp> {
 impl<Req, Resp> Method<Req, Resp> {
     /// A method descriptor. Names are at most 255 bytes of UTF-8 each.
     pub const fn new(service: &'static str, name: &'static str) -> Self {
-        assert!(
-            service.len() <= crate::proto::message::MAX_NAME_LEN,
-            "service name too long"
-        );
-        assert!(
-            name.len() <= crate::proto::message::MAX_NAME_LEN,
-            "method name too long"
-        );
-        Method {
-            service,
-            name,
-            _types: PhantomData,
-        }
+        assert!(service.len() <= crate::proto::message::MAX_NAME_LEN, "service name too long");
+        assert!(name.len() <= crate::proto::message::MAX_NAME_LEN, "method name too long");
+        Method { service, name, _types: PhantomData }
     }
 
     pub const fn service(&self) -> &'static str {

@@ -70,10 +70,7 @@ impl Wire for () {
         if bytes.is_empty() {
             Ok(())
         } else {
-            Err(CodecError(format!(
-                "expected an empty payload, got {} bytes",
-                bytes.len()
-            )))
+            Err(CodecError(format!("expected an empty payload, got {} bytes", bytes.len())))
         }
     }
 }
@@ -174,10 +171,7 @@ mod tests {
         round_trip(u64::MAX);
         round_trip(1.5f64);
         round_trip(true);
-        round_trip(Doc {
-            id: 7,
-            text: "seven".into(),
-        });
+        round_trip(Doc { id: 7, text: "seven".into() });
     }
 
     #[test]

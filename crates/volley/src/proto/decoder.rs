@@ -22,18 +22,12 @@ pub struct Decoder {
 impl Decoder {
     /// A decoder that first expects the peer's preamble, then frames.
     pub fn new(limits: Limits) -> Self {
-        Decoder {
-            limits,
-            expect_preamble: true,
-        }
+        Decoder { limits, expect_preamble: true }
     }
 
     /// A decoder for a stream whose preamble was already checked.
     pub fn after_preamble(limits: Limits) -> Self {
-        Decoder {
-            limits,
-            expect_preamble: false,
-        }
+        Decoder { limits, expect_preamble: false }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -66,29 +60,32 @@ impl Decoder {
         Ok(Some(buf.split_to(len).freeze()))
     }
 
-    /// How many more bytes must arrive before `next_frame` can return something (0 if it can
-    /// now). Errors are not reported here; `next_frame` reports them.
-    pub fn missing(&self, buf: &BytesMut) -> usize {
-        if self.expect_preamble {
-            return preamble::PREAMBLE_LEN.saturating_sub(buf.len());
-        }
-        match self.frame_len(buf) {
-            Ok(Some(len)) => (4 + len).saturating_sub(buf.len()),
-            Ok(None) => 4 - buf.len(),
+    /// How many more bytes must arrive before `next_frame` can return a frame: exact once the
+    /// frame's length prefix is buffered, a lower bound before that, 0 if it can return one
+    /// now. Errors are not reported here; `next_frame` reports them.
+    pub fn missing(&self, buf: &[u8]) -> usize {
+        let rest = if self.expect_preamble {
+            match buf.get(preamble::PREAMBLE_LEN..) {
+                Some(rest) => rest,
+                None => return preamble::PREAMBLE_LEN - buf.len() + 4,
+            }
+        } else {
+            buf
+        };
+        match self.frame_len(rest) {
+            Ok(Some(len)) => (4 + len).saturating_sub(rest.len()),
+            Ok(None) => 4 - rest.len(),
             Err(_) => 0,
         }
     }
 
-    fn frame_len(&self, buf: &BytesMut) -> Result<Option<usize>, ProtocolError> {
+    fn frame_len(&self, buf: &[u8]) -> Result<Option<usize>, ProtocolError> {
         if buf.len() < 4 {
             return Ok(None);
         }
         let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
         if len > self.limits.max_frame_len {
-            return Err(ProtocolError::FrameTooLarge {
-                len,
-                max: self.limits.max_frame_len,
-            });
+            return Err(ProtocolError::FrameTooLarge { len, max: self.limits.max_frame_len });
         }
         if len == 0 {
             return Err(ProtocolError::EmptyFrame);
@@ -101,11 +98,7 @@ impl Decoder {
 ///
 /// The whole frame is validated: on error nothing is appended. Payloads and strings are slices
 /// of `body`.
-pub fn decode_frame(
-    body: &Bytes,
-    limits: &Limits,
-    out: &mut Vec<Message>,
-) -> Result<(), ProtocolError> {
+pub fn decode_frame(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> Result<(), ProtocolError> {
     let start = out.len();
     let result = decode_frame_inner(body, limits, out);
     if result.is_err() {
@@ -114,11 +107,7 @@ pub fn decode_frame(
     result
 }
 
-fn decode_frame_inner(
-    body: &Bytes,
-    limits: &Limits,
-    out: &mut Vec<Message>,
-) -> Result<(), ProtocolError> {
+fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> Result<(), ProtocolError> {
     if body.is_empty() {
         return Err(ProtocolError::EmptyFrame);
     }
@@ -127,9 +116,7 @@ fn decode_frame_inner(
     while c.pos < body.len() {
         count += 1;
         if count > limits.max_messages_per_frame {
-            return Err(ProtocolError::TooManyMessages {
-                max: limits.max_messages_per_frame,
-            });
+            return Err(ProtocolError::TooManyMessages { max: limits.max_messages_per_frame });
         }
         let kind_byte = c.u8()?;
         let kind = Kind::from_u8(kind_byte).ok_or(ProtocolError::UnknownKind(kind_byte))?;
@@ -143,21 +130,12 @@ fn decode_frame_inner(
                 let method = c.utf8(n, "method name is not UTF-8")?;
                 let n = c.u32()? as usize;
                 let payload = c.take(n)?;
-                Message::Request {
-                    id,
-                    flags,
-                    service,
-                    method,
-                    payload,
-                }
+                Message::Request { id, flags, service, method, payload }
             }
             Kind::Reply => {
                 let id = c.u64()?;
                 let n = c.u32()? as usize;
-                Message::Reply {
-                    id,
-                    payload: c.take(n)?,
-                }
+                Message::Reply { id, payload: c.take(n)? }
             }
             Kind::Error => {
                 let id = c.u64()?;
@@ -191,11 +169,7 @@ const TRUNCATED: ProtocolError = ProtocolError::Malformed("message runs past the
 
 impl Cursor<'_> {
     fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtocolError> {
-        let end = self
-            .pos
-            .checked_add(N)
-            .filter(|&e| e <= self.body.len())
-            .ok_or(TRUNCATED)?;
+        let end = self.pos.checked_add(N).filter(|&e| e <= self.body.len()).ok_or(TRUNCATED)?;
         let mut a = [0u8; N];
         a.copy_from_slice(&self.body[self.pos..end]);
         self.pos = end;
@@ -214,11 +188,7 @@ impl Cursor<'_> {
         Ok(u64::from_le_bytes(self.array()?))
     }
     fn take(&mut self, n: usize) -> Result<Bytes, ProtocolError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.body.len())
-            .ok_or(TRUNCATED)?;
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.body.len()).ok_or(TRUNCATED)?;
         let b = self.body.slice(self.pos..end);
         self.pos = end;
         Ok(b)

@@ -138,15 +138,12 @@ impl FrameBuilder {
         id: u64,
         payload: Bytes,
     ) -> Result<(), BuildError<std::convert::Infallible>> {
-        self.message(
-            |b| reply_header(b, id),
-            Payload::<fn(&mut BytesMut) -> Result<(), _>>::Bytes(payload),
-        )
+        self.message(|b| reply_header(b, id), Payload::<fn(&mut BytesMut) -> Result<(), _>>::Bytes(payload))
     }
 
     /// Appends an error reply. Over-long messages are cut (at a character boundary) to fit.
     pub fn error(&mut self, id: u64, code: Code, message: &str) {
-        let message = truncate_str(message, 64 * 1024);
+        let message = truncate_str(message, self.text_room(1 + 8 + 2 + 4));
         self.fixed(|b| {
             b.put_u8(Kind::Error as u8);
             b.put_u64_le(id);
@@ -182,7 +179,7 @@ impl FrameBuilder {
 
     /// Appends a go-away: the sender is about to close the connection, and says why.
     pub fn go_away(&mut self, code: Code, message: &str) {
-        let message = truncate_str(message, 64 * 1024);
+        let message = truncate_str(message, self.text_room(1 + 2 + 4));
         self.fixed(|b| {
             b.put_u8(Kind::GoAway as u8);
             b.put_u16_le(code.to_u16());
@@ -209,14 +206,23 @@ impl FrameBuilder {
         }
     }
 
-    /// A message of fixed, small size (no payload): cannot fail.
+    /// Room for the text of an error or go-away whose fixed part is `header` bytes: at most
+    /// 64 KiB, and never more than fits in one frame.
+    fn text_room(&self, header: usize) -> usize {
+        self.limits.max_frame_len.saturating_sub(header).min(64 * 1024)
+    }
+
+    /// A message without payload (its text, if any, already cut to fit a frame).
     fn fixed(&mut self, header: impl FnOnce(&mut BytesMut)) {
-        let never = self.message(
-            header,
-            Payload::<fn(&mut BytesMut) -> Result<(), std::convert::Infallible>>::None,
-        );
-        // Fixed messages are a few dozen bytes (errors cut to 64 KiB): far below any frame limit.
-        debug_assert!(never.is_ok());
+        let sent =
+            self.message(header, Payload::<fn(&mut BytesMut) -> Result<(), std::convert::Infallible>>::None);
+        if sent.is_err() {
+            // Only with a frame limit below the ~20 bytes of a bare control message.
+            tracing::error!(
+                max_frame_len = self.limits.max_frame_len,
+                "control message does not fit in a frame"
+            );
+        }
     }
 
     fn message<E, F: FnOnce(&mut BytesMut) -> Result<(), E>>(
@@ -241,10 +247,7 @@ impl FrameBuilder {
                 let n = self.buf.len() - len_at - 4;
                 if n > u32::MAX as usize {
                     self.unwind(start);
-                    return Err(BuildError::TooLarge {
-                        len: n,
-                        max: u32::MAX as usize,
-                    });
+                    return Err(BuildError::TooLarge { len: n, max: u32::MAX as usize });
                 }
                 self.buf[len_at..len_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
             }
@@ -252,10 +255,7 @@ impl FrameBuilder {
                 let msg_len = len_at - start + 4 + bytes.len();
                 if msg_len > self.limits.max_frame_len {
                     self.unwind(start);
-                    return Err(BuildError::TooLarge {
-                        len: msg_len,
-                        max: self.limits.max_frame_len,
-                    });
+                    return Err(BuildError::TooLarge { len: msg_len, max: self.limits.max_frame_len });
                 }
                 self.buf.put_u32_le(bytes.len() as u32);
                 if bytes.len() >= ZERO_COPY_MIN {
@@ -274,10 +274,7 @@ impl FrameBuilder {
         let msg_len = self.buf.len() - start;
         if msg_len > self.limits.max_frame_len {
             self.unwind(start);
-            return Err(BuildError::TooLarge {
-                len: msg_len,
-                max: self.limits.max_frame_len,
-            });
+            return Err(BuildError::TooLarge { len: msg_len, max: self.limits.max_frame_len });
         }
         if self.buf.len() - open - 4 > self.limits.max_frame_len {
             // Fits alone but not with the frame's earlier messages: move it into a frame of its
@@ -353,10 +350,7 @@ fn reply_header(b: &mut BytesMut, id: u64) {
 
 fn check_name<E>(name: &str) -> Result<(), BuildError<E>> {
     if name.len() > MAX_NAME_LEN {
-        return Err(BuildError::TooLarge {
-            len: name.len(),
-            max: MAX_NAME_LEN,
-        });
+        return Err(BuildError::TooLarge { len: name.len(), max: MAX_NAME_LEN });
     }
     Ok(())
 }

@@ -122,35 +122,13 @@ impl std::fmt::Display for Code {
 /// One decoded message. String fields are validated UTF-8 (the decoder checks them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    Request {
-        id: u64,
-        flags: u8,
-        service: Bytes,
-        method: Bytes,
-        payload: Bytes,
-    },
-    Reply {
-        id: u64,
-        payload: Bytes,
-    },
-    Error {
-        id: u64,
-        code: Code,
-        message: Bytes,
-    },
-    Cancel {
-        id: u64,
-    },
-    Ping {
-        token: u64,
-    },
-    Pong {
-        token: u64,
-    },
-    GoAway {
-        code: Code,
-        message: Bytes,
-    },
+    Request { id: u64, flags: u8, service: Bytes, method: Bytes, payload: Bytes },
+    Reply { id: u64, payload: Bytes },
+    Error { id: u64, code: Code, message: Bytes },
+    Cancel { id: u64 },
+    Ping { token: u64 },
+    Pong { token: u64 },
+    GoAway { code: Code, message: Bytes },
 }
 
 /// Request flag bit: the caller marked the call idempotent (safe to retry elsewhere).

@@ -75,7 +75,14 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "write failed"),
         Err(e) => tracing::error!(%peer, error = %e, "writer task failed"),
     }
+    if !matches!(end, End::PeerClosed | End::Io(_)) {
+        // We closed first, with a go-away: let the peer read it before the socket goes.
+        reader.drain(LINGER).await;
+    }
 }
+
+/// How long a connection we close keeps reading (and discarding) so its go-away arrives.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Scratch space for dispatching batches, reused across turns.
 #[derive(Default)]
@@ -96,20 +103,12 @@ impl Dispatch {
         inflight: &TaskTracker,
         batch: &mut Vec<Message>,
     ) -> Result<(), ProtocolError> {
+        let mut violation = None;
         for msg in batch.drain(..) {
             match msg {
-                Message::Request {
-                    id,
-                    service,
-                    method,
-                    payload,
-                    ..
-                } => {
-                    let same = self
-                        .key
-                        .as_ref()
-                        .is_some_and(|(s, m)| *s == service && *m == method);
-                    if !same {
+                Message::Request { id, service, method, payload, .. } => {
+                    let same = self.key.as_ref().is_some_and(|(s, m)| *s == service && *m == method);
+                    if !same || self.group.len() >= shared.config.max_batch {
                         self.flush(shared, outbox, inflight);
                         self.key = Some((service, method));
                     }
@@ -123,15 +122,22 @@ impl Dispatch {
                     tracing::debug!(%code, message = as_str(&message), "client is going away");
                 }
                 Message::Reply { .. } | Message::Error { .. } => {
-                    return Err(ProtocolError::Malformed(
-                        "a client sent a reply to the server",
-                    ));
+                    // Requests before the violation are still answered; nothing after it runs.
+                    violation = Some(ProtocolError::Malformed("a client sent a reply to the server"));
+                    break;
                 }
             }
         }
+        batch.clear();
         self.flush(shared, outbox, inflight);
+        self.push_replies(outbox);
+        violation.map_or(Ok(()), Err)
+    }
+
+    /// Queues this turn's finished replies, errors and pongs as one bundle.
+    fn push_replies(&mut self, outbox: &Outbox) {
         if self.ready.is_empty() && self.errors.is_empty() && self.pongs.is_empty() {
-            return Ok(());
+            return;
         }
         let (ready, errors, pongs) = (&mut self.ready, &mut self.errors, &mut self.pongs);
         let _ = outbox.push(|fb| {
@@ -149,7 +155,6 @@ impl Dispatch {
         self.ready.clear();
         self.errors.clear();
         self.pongs.clear();
-        Ok(())
     }
 
     /// Hands the current group to its handler. A handler that finishes on its first poll has
@@ -161,8 +166,7 @@ impl Dispatch {
         let (service, method) = self.key.as_ref().expect("a group has a key");
         match shared.router.lookup(as_str(service), as_str(method)) {
             Err(status) => {
-                self.errors
-                    .extend(self.group.drain(..).map(|(id, _)| (id, status.clone())));
+                self.errors.extend(self.group.drain(..).map(|(id, _)| (id, status.clone())));
             }
             Ok(route) => {
                 let items = std::mem::replace(&mut self.group, Vec::with_capacity(16));

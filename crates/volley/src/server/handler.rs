@@ -26,10 +26,14 @@ use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
 pub type BatchResult<Resp> = Vec<Result<Resp, Status>>;
 
 type BatchFn<Req, Resp> = dyn Fn(Vec<Req>) -> BoxFuture<'static, BatchResult<Resp>> + Send + Sync;
+type ItemFn<Req, Resp> = dyn Fn(Req) -> BoxFuture<'static, Result<Resp, Status>> + Send + Sync;
 
 /// The handler of one method, typed.
 pub(crate) struct TypedHandler<Req, Resp> {
     f: Box<BatchFn<Req, Resp>>,
+    /// For handlers registered per item: the item function itself, which inproc callers
+    /// invoke directly (panics already caught).
+    pub(crate) item: Option<Box<ItemFn<Req, Resp>>>,
     pub(crate) inproc: InprocQueue<Req, Resp>,
 }
 
@@ -39,10 +43,7 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
         F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = BatchResult<Resp>> + Send + 'static,
     {
-        TypedHandler {
-            f: Box::new(move |reqs| Box::pin(f(reqs))),
-            inproc: InprocQueue::new(),
-        }
+        TypedHandler { f: Box::new(move |reqs| Box::pin(f(reqs))), item: None, inproc: InprocQueue::new() }
     }
 
     pub(crate) fn from_item_fn<F, Fut>(f: F) -> Self
@@ -51,10 +52,13 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
         Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
         let f = Arc::new(f);
-        Self::from_batch_fn(move |reqs: Vec<Req>| {
+        let direct = f.clone();
+        let mut h = Self::from_batch_fn(move |reqs: Vec<Req>| {
             let f = f.clone();
             JoinItems::new(reqs.into_iter().map(move |r| guard_item(&*f, r)))
-        })
+        });
+        h.item = Some(Box::new(move |r| Box::pin(guard_item(&*direct, r))));
+        h
     }
 
     /// Runs the handler on a batch; the result always has exactly one entry per request.
@@ -73,10 +77,7 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
                         "batch handler returned the wrong number of results"
                     );
                     results.resize_with(n, || {
-                        Err(Status::new(
-                            Code::Internal,
-                            "batch handler returned too few results",
-                        ))
+                        Err(Status::new(Code::Internal, "batch handler returned too few results"))
                     });
                     results.truncate(n);
                 }
@@ -98,10 +99,7 @@ where
     let fut = std::panic::catch_unwind(AssertUnwindSafe(|| f(req)));
     async move {
         match fut {
-            Ok(fut) => AssertUnwindSafe(fut)
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|p| Err(panicked(&p))),
+            Ok(fut) => AssertUnwindSafe(fut).catch_unwind().await.unwrap_or_else(|p| Err(panicked(&p))),
             Err(p) => Err(panicked(&p)),
         }
     }
@@ -134,9 +132,7 @@ struct JoinItems<F: Future> {
 
 impl<F: Future> JoinItems<F> {
     fn new(iter: impl Iterator<Item = F>) -> Self {
-        JoinItems {
-            items: Box::into_pin(iter.map(MaybeDone::Future).collect()),
-        }
+        JoinItems { items: Box::into_pin(iter.map(MaybeDone::Future).collect()) }
     }
 }
 
@@ -152,9 +148,7 @@ impl<F: Future> Future for JoinItems<F> {
         }
         let mut items = std::mem::replace(&mut self.items, Box::into_pin(Box::new([])));
         Poll::Ready(
-            iter_pin_mut(items.as_mut())
-                .map(|i| i.take_output().expect("every item is done"))
-                .collect(),
+            iter_pin_mut(items.as_mut()).map(|i| i.take_output().expect("every item is done")).collect(),
         )
     }
 }
@@ -162,9 +156,7 @@ impl<F: Future> Future for JoinItems<F> {
 /// Pinned references to the elements of a pinned slice.
 fn iter_pin_mut<T>(slice: Pin<&mut [T]>) -> impl Iterator<Item = Pin<&mut T>> {
     // SAFETY: the elements of a pinned slice are pinned too; we never move them out.
-    unsafe { slice.get_unchecked_mut() }
-        .iter_mut()
-        .map(|t| unsafe { Pin::new_unchecked(t) })
+    unsafe { slice.get_unchecked_mut() }.iter_mut().map(|t| unsafe { Pin::new_unchecked(t) })
 }
 
 /// The type-erased face of a handler, used by byte transports.
@@ -209,16 +201,12 @@ pub(crate) fn write_reply<Resp: Wire>(fb: &mut FrameBuilder, id: u64, resp: &Res
     };
     match result {
         Ok(()) => {}
-        Err(BuildError::Payload(e)) => fb.error(
-            id,
-            Code::Internal,
-            &format!("reply could not be encoded: {e}"),
-        ),
-        Err(BuildError::TooLarge { len, max }) => fb.error(
-            id,
-            Code::TooLarge,
-            &format!("reply of {len} bytes exceeds the frame limit of {max}"),
-        ),
+        Err(BuildError::Payload(e)) => {
+            fb.error(id, Code::Internal, &format!("reply could not be encoded: {e}"))
+        }
+        Err(BuildError::TooLarge { len, max }) => {
+            fb.error(id, Code::TooLarge, &format!("reply of {len} bytes exceeds the frame limit of {max}"))
+        }
     }
 }
 
@@ -233,21 +221,13 @@ impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
                     ids.push(id);
                     values.push(v);
                 }
-                Err(e) => bad.push((
-                    id,
-                    Status::new(
-                        Code::BadRequest,
-                        format!("request could not be decoded: {e}"),
-                    ),
-                )),
+                Err(e) => bad
+                    .push((id, Status::new(Code::BadRequest, format!("request could not be decoded: {e}")))),
             }
         }
         if values.is_empty() {
-            let replies: Box<dyn ReplyWriter> = Box::new(TypedReplies::<Resp> {
-                ids,
-                results: Vec::new(),
-                bad,
-            });
+            let replies: Box<dyn ReplyWriter> =
+                Box::new(TypedReplies::<Resp> { ids, results: Vec::new(), bad });
             return Box::pin(std::future::ready(replies));
         }
         let fut = self.run(values);
@@ -274,25 +254,16 @@ pub(crate) struct Router {
 
 impl Router {
     pub fn insert(&mut self, service: &str, method: &str, route: Route) -> bool {
-        self.services
-            .entry(service.into())
-            .or_default()
-            .insert(method.into(), Arc::new(route))
-            .is_none()
+        self.services.entry(service.into()).or_default().insert(method.into(), Arc::new(route)).is_none()
     }
 
     pub fn lookup(&self, service: &str, method: &str) -> Result<&Arc<Route>, Status> {
-        let methods = self.services.get(service).ok_or_else(|| {
-            Status::new(
-                Code::UnknownService,
-                format!("no service named {service:?}"),
-            )
-        })?;
+        let methods = self
+            .services
+            .get(service)
+            .ok_or_else(|| Status::new(Code::UnknownService, format!("no service named {service:?}")))?;
         methods.get(method).ok_or_else(|| {
-            Status::new(
-                Code::UnknownMethod,
-                format!("service {service:?} has no method {method:?}"),
-            )
+            Status::new(Code::UnknownMethod, format!("service {service:?} has no method {method:?}"))
         })
     }
 

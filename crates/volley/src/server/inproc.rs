@@ -79,39 +79,44 @@ impl<Req, Resp> InprocQueue<Req, Resp> {
         }
     }
 
-    /// Takes up to `max` queued requests. `Ready(false)` once closed and drained.
-    fn poll_take(
-        &self,
-        cx: &mut Context<'_>,
-        out: &mut Vec<(Req, ReplyTx<Resp>)>,
-        max: usize,
-    ) -> Poll<bool> {
+    /// Ready once something is queued or the queue is closed.
+    fn poll_queued(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.state.lock();
+        if !st.items.is_empty() || st.closed {
+            return Poll::Ready(());
+        }
+        st.dispatcher = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// Takes up to `max` queued requests; `false` once closed and drained.
+    fn take(&self, out: &mut Vec<(Req, ReplyTx<Resp>)>, max: usize) -> bool {
         let mut st = self.state.lock();
         if st.items.is_empty() {
-            if st.closed {
-                st.running = false;
-                return Poll::Ready(false);
-            }
-            st.dispatcher = Some(cx.waker().clone());
-            return Poll::Pending;
+            st.running = false;
+            return false;
         }
         if st.items.len() <= max {
             std::mem::swap(&mut st.items, out);
         } else {
             out.extend(st.items.drain(..max));
         }
-        Poll::Ready(true)
+        true
     }
 }
 
 /// The dispatcher: drains the queue in batches and completes each caller's reply.
-async fn dispatch_loop<Req: Wire, Resp: Wire>(
-    handler: Arc<TypedHandler<Req, Resp>>,
-    shared: Arc<Shared>,
-) {
+async fn dispatch_loop<Req: Wire, Resp: Wire>(handler: Arc<TypedHandler<Req, Resp>>, shared: Arc<Shared>) {
     let max = shared.config.max_batch;
     let mut batch = Vec::new();
-    while std::future::poll_fn(|cx| handler.inproc.poll_take(cx, &mut batch, max)).await {
+    loop {
+        if crate::transport::outbox::wait(|cx| handler.inproc.poll_queued(cx)).await {
+            // As in the outbox writer: let the other callers queue before taking the batch.
+            tokio::task::yield_now().await;
+        }
+        if !handler.inproc.take(&mut batch, max) {
+            break;
+        }
         let (reqs, txs): (Vec<Req>, Vec<ReplyTx<Resp>>) = batch.drain(..).unzip();
         let mut fut = handler.run(reqs);
         // Fast handlers finish on the first poll: complete them here without a task hop.
@@ -139,31 +144,52 @@ pub(crate) async fn call<Req: Wire, Resp: Wire>(
     req: Req,
     timeout: Duration,
 ) -> Result<Resp, Error> {
-    let route = shared
-        .router
-        .lookup(m.service(), m.name())
-        .map_err(Error::Remote)?;
+    let route = shared.router.lookup(m.service(), m.name()).map_err(Error::Remote)?;
     let Some(handler) = route.typed.downcast_ref::<TypedHandler<Req, Resp>>() else {
         return Err(Error::Remote(Status::new(
             Code::BadRequest,
             format!("{m:?} is registered with other request/reply types than the caller's"),
         )));
     };
+    if let Some(item) = &handler.item {
+        return call_direct(shared, item(req), timeout).await;
+    }
     let (tx, rx) = oneshot::channel();
     if let Pushed::StartDispatcher = handler.inproc.push(req, tx)? {
-        let typed = route
-            .typed
-            .clone()
-            .downcast::<TypedHandler<Req, Resp>>()
-            .expect("checked above");
+        let typed = route.typed.clone().downcast::<TypedHandler<Req, Resp>>().expect("checked above");
         let shared2 = shared.clone();
         shared.spawn(dispatch_loop(typed, shared2));
     }
     match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(Error::Connection(
-            "inproc server dropped the request".into(),
-        )),
+        Ok(Err(_)) => Err(Error::Connection("inproc server dropped the request".into())),
         Err(_) => Err(Error::Timeout(timeout)),
     }
+}
+
+/// Per-item handlers are invoked directly in the caller's task (seed's MF-light: components
+/// call each other directly): no queue, no task switch, no timer unless the handler does not
+/// finish on its first poll. There is no per-message cost to amortize in-process, so batching
+/// would only add work here; batch handlers still receive batches through the queue.
+async fn call_direct<Resp>(
+    shared: &Arc<Shared>,
+    mut fut: futures_util::future::BoxFuture<'static, Result<Resp, Status>>,
+    timeout: Duration,
+) -> Result<Resp, Error> {
+    if shared.shutdown.is_cancelled() {
+        return Err(Error::Connection("inproc server is shutting down".into()));
+    }
+    // Counts as in flight for graceful shutdown until the reply is handed back.
+    let _in_flight = shared.tasks.token();
+    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+    let result = match first {
+        Poll::Ready(r) => {
+            // A call that completes without ever waiting must still count against the task's
+            // cooperative budget, or a loop of inproc calls would never yield to the runtime.
+            tokio::task::consume_budget().await;
+            r
+        }
+        Poll::Pending => tokio::time::timeout(timeout, fut).await.map_err(|_| Error::Timeout(timeout))?,
+    };
+    result.map_err(Error::Remote)
 }

@@ -48,10 +48,7 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig {
-            max_batch: 1000,
-            limits: Limits::default(),
-        }
+        ServerConfig { max_batch: 1000, limits: Limits::default() }
     }
 }
 
@@ -114,18 +111,11 @@ impl ServerBuilder {
         }
     }
 
-    fn route<Req: Wire, Resp: Wire>(
-        mut self,
-        m: &Method<Req, Resp>,
-        h: TypedHandler<Req, Resp>,
-    ) -> Self {
+    fn route<Req: Wire, Resp: Wire>(mut self, m: &Method<Req, Resp>, h: TypedHandler<Req, Resp>) -> Self {
         let h = Arc::new(h);
         let closer = h.clone();
-        let route = Route {
-            erased: h.clone(),
-            typed: h,
-            close_inproc: Box::new(move || closer.inproc.close()),
-        };
+        let route =
+            Route { erased: h.clone(), typed: h, close_inproc: Box::new(move || closer.inproc.close()) };
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
         }
@@ -160,10 +150,7 @@ impl Shared {
 
 impl Server {
     pub fn builder() -> ServerBuilder {
-        ServerBuilder {
-            router: Router::default(),
-            config: ServerConfig::default(),
-        }
+        ServerBuilder { router: Router::default(), config: ServerConfig::default() }
     }
 
     /// Starts serving on `addr` (`inproc://NAME`, `unix:///PATH` or `tcp://HOST:PORT`) and
@@ -190,8 +177,7 @@ impl Server {
             }
             Address::Unix(path) => {
                 remove_stale_socket(path).await;
-                let l = UnixListener::bind(path)
-                    .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
+                let l = UnixListener::bind(path).map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
                 let shared = self.shared.clone();
                 self.shared.spawn(accept_loop(shared, l));
                 addr.clone()
@@ -225,9 +211,7 @@ impl Server {
     /// Like [`shutdown`](Self::shutdown), giving up after `deadline`. Returns whether everything
     /// finished in time.
     pub async fn shutdown_within(&self, deadline: Duration) -> bool {
-        tokio::time::timeout(deadline, self.shutdown())
-            .await
-            .is_ok()
+        tokio::time::timeout(deadline, self.shutdown()).await.is_ok()
     }
 
     /// The server's counters (all connections together).

@@ -26,10 +26,7 @@ pub(crate) fn bind(name: &str, server: &Arc<Shared>) -> Result<(), Error> {
 /// Removes `name` if it still belongs to `server`.
 pub(crate) fn unbind(name: &str, server: &Arc<Shared>) {
     let mut table = SERVERS.lock();
-    if table
-        .get(name)
-        .is_some_and(|w| w.as_ptr() == Arc::as_ptr(server))
-    {
+    if table.get(name).is_some_and(|w| w.as_ptr() == Arc::as_ptr(server)) {
         table.remove(name);
     }
 }

@@ -30,10 +30,7 @@ pub enum Address {
 
 impl Address {
     pub fn parse(s: &str) -> Result<Address, Error> {
-        let bad = |reason: &str| Error::InvalidAddress {
-            addr: s.to_string(),
-            reason: reason.into(),
-        };
+        let bad = |reason: &str| Error::InvalidAddress { addr: s.to_string(), reason: reason.into() };
         let (scheme, rest) = s
             .split_once("://")
             .ok_or_else(|| bad("expected SCHEME://..., with scheme inproc, unix or tcp"))?;
@@ -43,9 +40,7 @@ impl Address {
             "unix" if rest.starts_with('/') => Ok(Address::Unix(PathBuf::from(rest))),
             "unix" => Err(bad("unix:// needs an absolute path: unix:///run/x.sock")),
             "tcp" => {
-                let (host, port) = rest
-                    .rsplit_once(':')
-                    .ok_or_else(|| bad("expected tcp://HOST:PORT"))?;
+                let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("expected tcp://HOST:PORT"))?;
                 if host.is_empty() || port.parse::<u16>().is_err() {
                     return Err(bad("expected tcp://HOST:PORT with a numeric port"));
                 }
@@ -88,40 +83,13 @@ mod tests {
 
     #[test]
     fn parses_each_scheme_and_rejects_nonsense() {
-        assert_eq!(
-            Address::parse("inproc://a").unwrap(),
-            Address::Inproc("a".into())
-        );
-        assert_eq!(
-            Address::parse("unix:///tmp/s").unwrap(),
-            Address::Unix("/tmp/s".into())
-        );
-        assert_eq!(
-            Address::parse("tcp://127.0.0.1:80").unwrap(),
-            Address::Tcp("127.0.0.1:80".into())
-        );
-        assert_eq!(
-            Address::parse("tcp://[::1]:80").unwrap(),
-            Address::Tcp("[::1]:80".into())
-        );
-        for bad in [
-            "",
-            "tcp://x",
-            "tcp://:1",
-            "tcp://h:99999",
-            "udp://h:1",
-            "unix://rel",
-            "inproc://",
-            "x",
-        ] {
-            assert!(
-                matches!(Address::parse(bad), Err(Error::InvalidAddress { .. })),
-                "{bad}"
-            );
+        assert_eq!(Address::parse("inproc://a").unwrap(), Address::Inproc("a".into()));
+        assert_eq!(Address::parse("unix:///tmp/s").unwrap(), Address::Unix("/tmp/s".into()));
+        assert_eq!(Address::parse("tcp://127.0.0.1:80").unwrap(), Address::Tcp("127.0.0.1:80".into()));
+        assert_eq!(Address::parse("tcp://[::1]:80").unwrap(), Address::Tcp("[::1]:80".into()));
+        for bad in ["", "tcp://x", "tcp://:1", "tcp://h:99999", "udp://h:1", "unix://rel", "inproc://", "x"] {
+            assert!(matches!(Address::parse(bad), Err(Error::InvalidAddress { .. })), "{bad}");
         }
-        assert_eq!(
-            Address::parse("unix:///tmp/s").unwrap().to_string(),
-            "unix:///tmp/s"
-        );
+        assert_eq!(Address::parse("unix:///tmp/s").unwrap().to_string(), "unix:///tmp/s");
     }
 }

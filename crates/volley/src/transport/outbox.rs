@@ -61,11 +61,7 @@ impl Outbox {
             return Err(Closed);
         }
         let r = f(&mut st.builder);
-        let wake = if st.builder.is_empty() {
-            None
-        } else {
-            st.writer.take()
-        };
+        let wake = if st.builder.is_empty() { None } else { st.writer.take() };
         drop(st);
         if let Some(w) = wake {
             w.wake();
@@ -88,23 +84,29 @@ impl Outbox {
         self.state.lock().closed
     }
 
-    /// Moves everything queued into `out`. Pending while nothing is queued; `None` once closed
-    /// and drained. Returns the frames and messages taken.
-    fn poll_take(&self, cx: &mut Context<'_>, out: &mut Vec<Bytes>) -> Poll<Option<(u64, u64)>> {
+    /// Ready once something is queued or the outbox is closed.
+    fn poll_queued(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.state.lock();
+        if !st.builder.is_empty() || st.closed {
+            return Poll::Ready(());
+        }
+        st.builder.shrink_to(IDLE_KEEP);
+        st.writer = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// Moves everything queued into `out` and returns the frames and messages taken; `None`
+    /// once closed and drained.
+    fn take(&self, out: &mut Vec<Bytes>) -> Option<(u64, u64)> {
         let mut st = self.state.lock();
         if st.builder.is_empty() {
-            if st.closed {
-                return Poll::Ready(None);
-            }
-            st.builder.shrink_to(IDLE_KEEP);
-            st.writer = Some(cx.waker().clone());
-            return Poll::Pending;
+            return None;
         }
         st.builder.take_into(out);
         let (frames, messages) = st.builder.counts();
         let delta = (frames - st.reported.0, messages - st.reported.1);
         st.reported = (frames, messages);
-        Poll::Ready(Some(delta))
+        Some(delta)
     }
 
     /// The writer task: sends the preamble (if asked), then drains the outbox into `wr` until
@@ -119,9 +121,16 @@ impl Outbox {
             wr.write_all(&PREAMBLE).await?;
         }
         let mut segs = Vec::new();
-        while let Some((frames, messages)) =
-            std::future::poll_fn(|cx| self.poll_take(cx, &mut segs)).await
-        {
+        loop {
+            let slept = wait(|cx| self.poll_queued(cx)).await;
+            if slept {
+                // Woken by a producer: let the other producers that are ready now run and
+                // queue too before we take the batch. On a multi-threaded runtime the waker's
+                // LIFO slot would otherwise run us right after the first push, one message
+                // per write. On a single-threaded runtime this costs one re-queue per write.
+                tokio::task::yield_now().await;
+            }
+            let Some((frames, messages)) = self.take(&mut segs) else { break };
             let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
             write_segments(&mut wr, &mut segs).await?;
             counters.sent(frames, messages, bytes);
@@ -131,10 +140,7 @@ impl Outbox {
 }
 
 /// Writes all segments, vectored when there are several.
-async fn write_segments<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    segs: &mut Vec<Bytes>,
-) -> io::Result<()> {
+async fn write_segments<W: AsyncWrite + Unpin>(wr: &mut W, segs: &mut Vec<Bytes>) -> io::Result<()> {
     let mut first = 0;
     while first < segs.len() {
         let n = if segs.len() - first == 1 {
@@ -164,4 +170,16 @@ async fn write_segments<W: AsyncWrite + Unpin>(
     }
     segs.clear();
     Ok(())
+}
+
+/// Waits for `poll` to be ready; returns whether it had to wait (was pending at least once).
+pub(crate) async fn wait(mut poll: impl FnMut(&mut Context<'_>) -> Poll<()>) -> bool {
+    let mut slept = false;
+    std::future::poll_fn(|cx| {
+        let p = poll(cx);
+        slept |= p.is_pending();
+        p
+    })
+    .await;
+    slept
 }

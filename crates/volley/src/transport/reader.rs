@@ -40,17 +40,15 @@ pub struct FrameReader<R> {
     buf: BytesMut,
     decoder: Decoder,
     limits: Limits,
+    /// A protocol error met after some messages of the same read were decoded: those are
+    /// handed up first, the error on the next call.
+    failed: Option<ProtocolError>,
 }
 
 impl<R: ReadHalf> FrameReader<R> {
     /// A reader that first expects the peer's preamble.
     pub fn new(rd: R, limits: Limits) -> Self {
-        FrameReader {
-            rd,
-            buf: BytesMut::new(),
-            decoder: Decoder::new(limits),
-            limits,
-        }
+        FrameReader { rd, buf: BytesMut::new(), decoder: Decoder::new(limits), limits, failed: None }
     }
 
     /// Bytes held by the receive buffer (for tests of idle memory).
@@ -69,20 +67,28 @@ impl<R: ReadHalf> FrameReader<R> {
         counters: &Counters,
     ) -> Result<bool, ReadError> {
         loop {
+            if let Some(e) = self.failed.take() {
+                return Err(ReadError::Protocol(e));
+            }
             let before = out.len();
             let (mut frames, mut bytes) = (0u64, 0u64);
             while out.len() < max {
-                match self
-                    .decoder
-                    .next_frame(&mut self.buf)
-                    .map_err(ReadError::Protocol)?
-                {
-                    Some(body) => {
-                        decode_frame(&body, &self.limits, out).map_err(ReadError::Protocol)?;
+                let decoded = self.decoder.next_frame(&mut self.buf).and_then(|frame| match frame {
+                    Some(body) => decode_frame(&body, &self.limits, out).map(|()| Some(body.len())),
+                    None => Ok(None),
+                });
+                match decoded {
+                    Ok(Some(len)) => {
                         frames += 1;
-                        bytes += body.len() as u64 + 4;
+                        bytes += len as u64 + 4;
                     }
-                    None => break,
+                    Ok(None) => break,
+                    // Hand up what came before the bad frame; report the error next time.
+                    Err(e) if out.len() > before => {
+                        self.failed = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(ReadError::Protocol(e)),
                 }
             }
             if out.len() > before {
@@ -90,11 +96,7 @@ impl<R: ReadHalf> FrameReader<R> {
                 return Ok(true);
             }
             if !self.fill().await? {
-                return if self.buf.is_empty() {
-                    Ok(false)
-                } else {
-                    Err(ReadError::Truncated)
-                };
+                return if self.buf.is_empty() { Ok(false) } else { Err(ReadError::Truncated) };
             }
         }
     }
@@ -124,5 +126,32 @@ impl<R: ReadHalf> FrameReader<R> {
                 Err(e) => return Err(ReadError::Io(e)),
             }
         }
+    }
+
+    /// Reads and discards whatever the peer still sends, until it closes, `limit` passes or
+    /// 1 MiB was discarded. Used after sending a go-away: closing a TCP socket with unread
+    /// bytes makes the kernel send a reset, which can destroy the go-away before the peer
+    /// reads it.
+    pub async fn drain(&mut self, limit: std::time::Duration) {
+        let mut discarded = 0usize;
+        let _ = tokio::time::timeout(limit, async {
+            while discarded < 1 << 20 {
+                self.buf.clear();
+                self.buf.reserve(READ_CHUNK);
+                match self.rd.try_read_buf(&mut self.buf) {
+                    Ok(0) => return,
+                    Ok(n) => discarded += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if self.rd.readable().await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return,
+                }
+            }
+        })
+        .await;
+        self.buf = BytesMut::new();
     }
 }

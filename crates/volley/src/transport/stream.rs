@@ -8,7 +8,7 @@ use tokio::io::AsyncWrite;
 use tokio::net::{TcpStream, UnixStream, tcp, unix};
 
 /// The read half of a byte stream, read by readiness so an idle connection needs no buffer.
-pub trait ReadHalf: Send + Unpin + 'static {
+pub trait ReadHalf: Send + Sync + Unpin + 'static {
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
 }
@@ -47,9 +47,7 @@ impl ByteStream for TcpStream {
         self.into_split()
     }
     fn peer(&self) -> String {
-        self.peer_addr()
-            .map(|a| format!("tcp://{a}"))
-            .unwrap_or_else(|_| "tcp://?".into())
+        self.peer_addr().map(|a| format!("tcp://{a}")).unwrap_or_else(|_| "tcp://?".into())
     }
 }
 
