@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
+    /// per caller, same runtime setup): the floor Volley's latency is compared against.
+    #[arg(long)]
+    raw: bool,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -84,6 +88,9 @@ struct Report {
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.raw && (args.connect.is_some() || args.transport != Transport::Tcp) {
+        return Err("--raw runs its own bare tcp echo: use it with --transport tcp, without --connect".into());
+    }
     let report = match (&args.connect, args.runtime) {
         (Some(addr), _) => client_runtime(args.runtime)?.block_on(drive(addr.clone(), args.clone()))?,
         (None, RuntimeMode::Split) => {
@@ -91,11 +98,18 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             let (addr_tx, addr_rx) = std::sync::mpsc::channel();
             let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
             let listen = listen_address(args.transport);
+            let raw = args.raw;
             let server_thread = std::thread::Builder::new()
                 .name("volley-server".into())
                 .spawn(move || -> Result<(), String> {
                     let rt = current_thread()?;
                     rt.block_on(async move {
+                        if raw {
+                            let bound = raw::listen().await;
+                            let _ = addr_tx.send(bound);
+                            let _ = stop_rx.await;
+                            return;
+                        }
                         let server = server();
                         let bound = server.listen(&listen).await.map_err(|e| e.to_string());
                         let ok = bound.is_ok();
@@ -115,6 +129,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             report?
         }
         (None, mode) => client_runtime(mode)?.block_on(async {
+            if args.raw {
+                let addr = raw::listen().await?;
+                return drive(addr, args.clone()).await;
+            }
             let server = server();
             let addr = server.listen(&listen_address(args.transport)).await.map_err(|e| e.to_string())?;
             let report = drive(addr.to_string(), args.clone()).await;
@@ -173,9 +191,24 @@ async fn drive(addr: String, args: BenchArgs) -> Result<Report, String> {
     let client = Client::connect(&addr).await.map_err(|e| e.to_string())?;
     let payload = Bytes::from(vec![0xA5u8; args.payload]);
     let phase = Arc::new(AtomicU8::new(WARMUP));
-    let callers: Vec<_> = (0..args.concurrency.max(1))
-        .map(|_| tokio::spawn(caller(client.clone(), payload.clone(), phase.clone())))
-        .collect();
+    let mut callers = Vec::new();
+    for _ in 0..args.concurrency.max(1) {
+        let (payload, phase) = (payload.clone(), phase.clone());
+        callers.push(if args.raw {
+            let conn = raw::connect(&addr).await?;
+            tokio::spawn(caller(move |p| conn.call(p), payload, phase))
+        } else {
+            let client = client.clone();
+            tokio::spawn(caller(
+                move |p| {
+                    let client = client.clone();
+                    async move { client.call(&ECHO, p).await.map_err(|e| e.to_string()) }
+                },
+                payload,
+                phase,
+            ))
+        });
+    }
     tokio::time::sleep(Duration::from_secs_f64(args.warmup)).await;
     let before = client.counters();
     let start = Instant::now();
@@ -200,7 +233,11 @@ async fn drive(addr: String, args: BenchArgs) -> Result<Report, String> {
     let frames_sent = after.frames_sent - before.frames_sent;
     let messages_sent = after.messages_sent - before.messages_sent;
     Ok(Report {
-        transport: addr.split("://").next().unwrap_or("?").to_string(),
+        transport: if args.raw {
+            "raw-tcp".into()
+        } else {
+            addr.split("://").next().unwrap_or("?").to_string()
+        },
         runtime: args.runtime,
         payload: args.payload,
         concurrency: args.concurrency,
@@ -224,7 +261,11 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 2).expect("valid histogram bounds")
 }
 
-async fn caller(client: Client, payload: Bytes, phase: Arc<AtomicU8>) -> CallerResult {
+async fn caller<F, Fut>(mut call: F, payload: Bytes, phase: Arc<AtomicU8>) -> CallerResult
+where
+    F: FnMut(Bytes) -> Fut,
+    Fut: std::future::Future<Output = Result<Bytes, String>>,
+{
     let mut r = CallerResult { hist: new_histogram(), calls: 0, errors: 0, first_error: None };
     // One clock read per call: each call's end is the next one's start.
     let mut t0 = Instant::now();
@@ -233,7 +274,7 @@ async fn caller(client: Client, payload: Bytes, phase: Arc<AtomicU8>) -> CallerR
         if p == STOP {
             return r;
         }
-        let result = client.call(&ECHO, payload.clone()).await;
+        let result = call(payload.clone()).await;
         let t1 = Instant::now();
         let ns = (t1 - t0).as_nanos() as u64;
         t0 = t1;
@@ -252,7 +293,7 @@ async fn caller(client: Client, payload: Bytes, phase: Arc<AtomicU8>) -> CallerR
             }
             Err(e) => {
                 r.errors += 1;
-                r.first_error.get_or_insert_with(|| e.to_string());
+                r.first_error.get_or_insert(e);
             }
         }
     }
@@ -272,4 +313,61 @@ fn print_report(r: &Report) {
         "  client sent {} messages in {} frames ({:.1} messages per frame)",
         r.messages_sent, r.frames_sent, r.messages_per_frame
     );
+}
+
+/// The floor: a bare tokio TCP echo with a 4-byte length prefix, one connection per caller.
+mod raw {
+    use std::sync::Arc;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::Mutex;
+    use volley::bytes::Bytes;
+
+    pub async fn listen() -> Result<String, String> {
+        let l = TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let Ok(n) = s.read_u32_le().await else { return };
+                        buf.resize(n as usize + 4, 0);
+                        buf[..4].copy_from_slice(&n.to_le_bytes());
+                        if s.read_exact(&mut buf[4..]).await.is_err() || s.write_all(&buf).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(format!("tcp://{addr}"))
+    }
+
+    pub struct Conn(Arc<Mutex<TcpStream>>);
+
+    pub async fn connect(addr: &str) -> Result<Conn, String> {
+        let s = TcpStream::connect(addr.trim_start_matches("tcp://")).await.map_err(|e| e.to_string())?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        Ok(Conn(Arc::new(Mutex::new(s))))
+    }
+
+    impl Conn {
+        pub fn call(&self, p: Bytes) -> impl std::future::Future<Output = Result<Bytes, String>> + use<> {
+            let s = self.0.clone();
+            async move {
+                let mut s = s.lock().await;
+                let mut msg = Vec::with_capacity(p.len() + 4);
+                msg.extend_from_slice(&(p.len() as u32).to_le_bytes());
+                msg.extend_from_slice(&p);
+                s.write_all(&msg).await.map_err(|e| e.to_string())?;
+                let n = s.read_u32_le().await.map_err(|e| e.to_string())?;
+                let mut reply = vec![0; n as usize];
+                s.read_exact(&mut reply).await.map_err(|e| e.to_string())?;
+                Ok(reply.into())
+            }
+        }
+    }
 }

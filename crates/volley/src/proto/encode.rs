@@ -259,7 +259,8 @@ impl FrameBuilder {
                 }
                 self.buf.put_u32_le(bytes.len() as u32);
                 if bytes.len() >= ZERO_COPY_MIN {
-                    return Ok(self.zero_copy_tail(start, bytes));
+                    self.zero_copy_tail(start, bytes);
+                    return Ok(());
                 }
                 self.buf.put_slice(&bytes);
             }

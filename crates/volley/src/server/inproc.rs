@@ -109,8 +109,9 @@ impl<Req, Resp> InprocQueue<Req, Resp> {
 async fn dispatch_loop<Req: Wire, Resp: Wire>(handler: Arc<TypedHandler<Req, Resp>>, shared: Arc<Shared>) {
     let max = shared.config.max_batch;
     let mut batch = Vec::new();
+    let yield_first = crate::transport::outbox::lifo_runtime();
     loop {
-        if crate::transport::outbox::wait(|cx| handler.inproc.poll_queued(cx)).await {
+        if crate::transport::outbox::wait(|cx| handler.inproc.poll_queued(cx)).await && yield_first {
             // As in the outbox writer: let the other callers queue before taking the batch.
             tokio::task::yield_now().await;
         }

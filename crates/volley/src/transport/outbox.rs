@@ -121,13 +121,14 @@ impl Outbox {
             wr.write_all(&PREAMBLE).await?;
         }
         let mut segs = Vec::new();
+        let yield_first = lifo_runtime();
         loop {
             let slept = wait(|cx| self.poll_queued(cx)).await;
-            if slept {
+            if slept && yield_first {
                 // Woken by a producer: let the other producers that are ready now run and
                 // queue too before we take the batch. On a multi-threaded runtime the waker's
                 // LIFO slot would otherwise run us right after the first push, one message
-                // per write. On a single-threaded runtime this costs one re-queue per write.
+                // per write.
                 tokio::task::yield_now().await;
             }
             let Some((frames, messages)) = self.take(&mut segs) else { break };
@@ -182,4 +183,13 @@ pub(crate) async fn wait(mut poll: impl FnMut(&mut Context<'_>) -> Poll<()>) -> 
     })
     .await;
     slept
+}
+
+/// Whether the current runtime runs a freshly woken task before the others (tokio's
+/// multi-threaded scheduler does, through its LIFO slot). A single-threaded runtime already
+/// queues woken tasks behind the ready ones, so there a yield would only cost an extra poll of
+/// the IO driver.
+pub(crate) fn lifo_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread)
 }
