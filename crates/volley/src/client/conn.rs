@@ -147,15 +147,17 @@ impl StreamConn {
             if late > 0 {
                 tracing::trace!(late, "dropped replies nobody waits for (timed out)");
             }
+            if let Some(reason) = &go_away {
+                // Before waking anyone: a caller woken by this batch must not send its next
+                // call on a connection the server is closing.
+                self.alive.store(false, Ordering::Relaxed);
+                tracing::debug!(peer = %self.peer, %reason);
+            }
             for (waiter, outcome) in done.drain(..) {
                 let _ = waiter.send(outcome);
             }
             if !pings.is_empty() {
                 let _ = self.outbox.push(|fb| pings.iter().for_each(|&t| fb.pong(t)));
-            }
-            if let Some(reason) = &go_away {
-                self.alive.store(false, Ordering::Relaxed);
-                tracing::debug!(peer = %self.peer, %reason);
             }
         };
         self.fail(err);
