@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""The core echo figures of docs/BENCHMARKS.md, reproducible with one command:
+
+    cargo build --release -p volley-cli && python3 scripts/bench_core.py [--rounds 3] [--duration 3]
+
+Runs every scenario once per round, rounds interleaved (so a noisy moment hits all scenarios
+alike), and prints the median of each as a markdown table, plus the raw JSON lines with --json.
+"""
+import argparse, json, statistics, subprocess, sys
+
+SCENARIOS = [
+    # (label, extra args)
+    ("tcp, 256 callers, split runtimes", ["--transport", "tcp", "--runtime", "split"]),
+    ("tcp, 256 callers, one shared runtime", ["--transport", "tcp", "--runtime", "shared"]),
+    ("tcp, 256 callers, multi-thread runtime", ["--transport", "tcp", "--runtime", "multi"]),
+    ("unix, 256 callers, split runtimes", ["--transport", "unix", "--runtime", "split"]),
+    ("inproc, 256 callers, split runtimes", ["--transport", "inproc", "--runtime", "split"]),
+    ("tcp, 1 caller, split: bare tokio ping-pong", ["--raw", "--runtime", "split", "--concurrency", "1"]),
+    ("tcp, 1 caller, split: volley", ["--transport", "tcp", "--runtime", "split", "--concurrency", "1"]),
+    ("tcp, 1 caller, shared: bare tokio ping-pong", ["--raw", "--runtime", "shared", "--concurrency", "1"]),
+    ("tcp, 1 caller, shared: volley", ["--transport", "tcp", "--runtime", "shared", "--concurrency", "1"]),
+    ("tcp, 1024 callers, split runtimes", ["--transport", "tcp", "--runtime", "split", "--concurrency", "1024"]),
+    ("tcp, 1024 callers, one shared runtime", ["--transport", "tcp", "--runtime", "shared", "--concurrency", "1024"]),
+]
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--bin", default="target/release/volley")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    runs = {label: [] for label, _ in SCENARIOS}
+    for r in range(a.rounds):
+        for label, extra in SCENARIOS:
+            cmd = [a.bin, "bench", "--json", "--duration", str(a.duration), "--warmup", "1"] + extra
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.exit(f"{' '.join(cmd)} failed: {out.stderr}")
+            d = json.loads(out.stdout)
+            runs[label].append(d)
+            if a.json:
+                print(json.dumps({"scenario": label, "round": r, **d}))
+            print(f"round {r + 1}/{a.rounds}: {label}: {d['calls_per_s']:.0f} calls/s", file=sys.stderr)
+    med = lambda label, k: statistics.median(d[k] for d in runs[label])
+    print("| scenario | calls/s | p50 µs | p99 µs | p99.9 µs | messages/frame |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, _ in SCENARIOS:
+        print(f"| {label} | {med(label, 'calls_per_s'):,.0f} | {med(label, 'p50_us'):.1f} | "
+              f"{med(label, 'p99_us'):.1f} | {med(label, 'p999_us'):.1f} | {med(label, 'messages_per_frame'):.1f} |")
+    print(f"\nmedians of {a.rounds} rounds of {a.duration:g} s each")
+
+if __name__ == "__main__":
+    main()
