@@ -34,7 +34,7 @@ pub mod stats;
 pub mod transport;
 
 pub use bytes;
-pub use client::{CallOptions, Client, ClientConfig};
+pub use client::{BatchOptions, BatchStream, CallOptions, Client, ClientConfig};
 pub use codec::{CodecError, Wire};
 pub use error::{Error, Result, Status};
 pub use method::Method;

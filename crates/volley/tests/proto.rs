@@ -6,7 +6,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use proptest::prelude::*;
 use volley::proto::encode::BuildError;
 use volley::proto::{
-    Code, Decoder, FrameBuilder, Kind, Limits, Message, PREAMBLE, PREAMBLE_LEN, ProtocolError, decode_frame,
+    Code, Decoder, FrameBuilder, ItemResult, Kind, Limits, Message, PREAMBLE, PREAMBLE_LEN, ProtocolError,
+    decode_frame,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -45,7 +46,89 @@ fn push(fb: &mut FrameBuilder, m: &Message, via_bytes: bool) {
         Message::Ping { token } => fb.ping(*token),
         Message::Pong { token } => fb.pong(*token),
         Message::GoAway { code, message } => fb.go_away(*code, &s(message)),
+        Message::BatchRequest { id, flags, service, method, items } => {
+            let payloads: Vec<Bytes> = items.requests().collect();
+            fb.batch_request::<_, ()>(*id, *flags, &s(service), &s(method), &payloads, |p, b| {
+                b.put_slice(p);
+                Ok(())
+            })
+            .unwrap();
+        }
+        Message::BatchReply { id, items } => fb
+            .batch_reply(*id, |out| {
+                for r in items.replies() {
+                    match r {
+                        ItemResult::Ok(p) => out.ok::<&str>(|b| {
+                            b.put_slice(&p);
+                            Ok(())
+                        }),
+                        ItemResult::Err { code, message } => out.err(code, &s(&message)),
+                    }
+                }
+            })
+            .unwrap(),
     }
+}
+
+/// Batch messages can only be made by decoding (their items are validated on the way in):
+/// build one with the builder and decode it back.
+fn built(build: impl FnOnce(&mut FrameBuilder)) -> Message {
+    let mut fb = FrameBuilder::new(Limits::default());
+    build(&mut fb);
+    let mut segs = Vec::new();
+    fb.take_into(&mut segs);
+    let mut buf = BytesMut::new();
+    for seg in segs {
+        buf.extend_from_slice(&seg);
+    }
+    let body = Decoder::after_preamble(Limits::default()).next_frame(&mut buf).unwrap().unwrap();
+    let mut out = Vec::new();
+    decode_frame(&body, &Limits::default(), &mut out).unwrap();
+    out.pop().unwrap()
+}
+
+fn batch_request_strategy() -> impl Strategy<Value = Message> {
+    (
+        any::<u64>(),
+        any::<u8>(),
+        name_strategy(),
+        name_strategy(),
+        prop::collection::vec(payload_strategy(300), 0..8),
+    )
+        .prop_map(|(id, flags, service, method, payloads)| {
+            built(|fb| {
+                let (service, method) = (
+                    String::from_utf8(service.to_vec()).unwrap(),
+                    String::from_utf8(method.to_vec()).unwrap(),
+                );
+                fb.batch_request::<_, ()>(id, flags, &service, &method, &payloads, |p, b| {
+                    b.put_slice(p);
+                    Ok(())
+                })
+                .unwrap()
+            })
+        })
+}
+
+fn batch_reply_strategy() -> impl Strategy<Value = Message> {
+    let item =
+        prop_oneof![payload_strategy(300).prop_map(Ok), (code_strategy(), text_strategy()).prop_map(Err),];
+    (any::<u64>(), prop::collection::vec(item, 0..8)).prop_map(|(id, items)| {
+        built(|fb| {
+            fb.batch_reply(id, |out| {
+                for item in &items {
+                    match item {
+                        Ok(p) => out.ok::<&str>(|b| {
+                            b.put_slice(p);
+                            Ok(())
+                        }),
+                        Err((code, text)) => out.err(*code, std::str::from_utf8(text).unwrap()),
+                    }
+                }
+            })
+            .unwrap()
+        })
+    })
 }
 
 /// The whole byte stream a peer would send: preamble, then every message, framed under
@@ -144,6 +227,8 @@ fn message_strategy(max_payload: usize) -> impl Strategy<Value = (Message, bool)
         any::<u64>().prop_map(|token| Message::Ping { token }),
         any::<u64>().prop_map(|token| Message::Pong { token }),
         (code_strategy(), text_strategy()).prop_map(|(code, message)| Message::GoAway { code, message }),
+        batch_request_strategy(),
+        batch_reply_strategy(),
     ];
     (msg, any::<bool>())
 }
@@ -155,7 +240,7 @@ fn limits_strategy() -> impl Strategy<Value = Limits> {
     prop_oneof![
         Just(Limits::default()),
         (1usize..=6, 2600usize..=8000).prop_map(|(max_messages_per_frame, max_frame_len)| {
-            Limits { max_frame_len, max_messages_per_frame }
+            Limits { max_frame_len, max_messages_per_frame, ..Limits::default() }
         }),
     ]
 }
@@ -287,7 +372,7 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 
 fn small_limits() -> Limits {
-    Limits { max_frame_len: 1000, max_messages_per_frame: 4 }
+    Limits { max_frame_len: 1000, max_messages_per_frame: 4, ..Limits::default() }
 }
 
 /// A frame (length prefix + body) holding exactly `body`.
@@ -408,7 +493,7 @@ fn truncated_message_inside_a_frame_is_malformed() {
 #[test]
 fn unknown_kind_byte() {
     let limits = Limits::default();
-    for kind in [0x00u8, 0x08, 0x63, 0xff] {
+    for kind in [0x00u8, 0x0a, 0x63, 0xff] {
         // Through the decoder, after a valid preamble, with a valid message before it.
         let mut body = vec![Kind::Ping as u8];
         body.extend_from_slice(&1u64.to_le_bytes());
@@ -544,7 +629,7 @@ fn builder_rejects_oversized_payload_and_queues_nothing() {
     // kind (1) + id (8) + payload length (4) + payload.
     assert!(matches!(r, Err(BuildError::TooLarge { len: 2013, max: 1000 })), "{r:?}");
     assert!(fb.is_empty());
-    assert_eq!(fb.pending_bytes(), 0);
+    assert_eq!(fb.queued_len(), 0);
     assert_eq!(fb.counts(), (0, 0));
     let mut segs = Vec::new();
     fb.take_into(&mut segs);
@@ -562,13 +647,13 @@ fn builder_rejects_oversized_payload_and_queues_nothing() {
     });
     assert!(matches!(r, Err(BuildError::TooLarge { max: 1000, .. })), "{r:?}");
     assert!(fb.is_empty());
-    assert_eq!(fb.pending_bytes(), 0);
+    assert_eq!(fb.queued_len(), 0);
 
     // With messages already queued in the open frame: they stay, intact and alone.
     let mut fb = FrameBuilder::new(limits);
     fb.ping(1);
     fb.reply_bytes(2, Bytes::from_static(b"ok")).unwrap();
-    let before = fb.pending_bytes();
+    let before = fb.queued_len();
     let r = fb.request_bytes(3, 0, "svc", "m", Bytes::from(big.clone()));
     assert!(matches!(r, Err(BuildError::TooLarge { .. })), "{r:?}");
     let r = fb.reply::<()>(4, |b| {
@@ -576,7 +661,7 @@ fn builder_rejects_oversized_payload_and_queues_nothing() {
         Ok(())
     });
     assert!(matches!(r, Err(BuildError::TooLarge { .. })), "{r:?}");
-    assert_eq!(fb.pending_bytes(), before);
+    assert_eq!(fb.queued_len(), before);
     fb.pong(5);
     let mut segs = Vec::new();
     fb.take_into(&mut segs);
@@ -608,13 +693,13 @@ fn builder_rejects_oversized_payload_and_queues_nothing() {
 fn payload_encoder_error_queues_nothing() {
     let mut fb = FrameBuilder::new(Limits::default());
     fb.ping(1);
-    let before = fb.pending_bytes();
+    let before = fb.queued_len();
     let r = fb.request(9, 0, "svc", "m", |b| {
         b.put_slice(b"half written");
         Err("encoder failed")
     });
     assert!(matches!(r, Err(BuildError::Payload("encoder failed"))));
-    assert_eq!(fb.pending_bytes(), before);
+    assert_eq!(fb.queued_len(), before);
 
     let mut fb = FrameBuilder::new(Limits::default());
     let r = fb.reply(9, |b| {

@@ -5,15 +5,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Notify, oneshot};
+use std::sync::atomic::AtomicUsize;
 
-use super::pending::{Outcome, Pending};
+use tokio::sync::{Notify, Semaphore, SemaphorePermit, oneshot};
+
+use super::pending::{Outcome, Pending, Reply};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::method::Method;
-use crate::proto::encode::{BuildError, ZERO_COPY_MIN};
+use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
 use crate::proto::message::as_str;
-use crate::proto::{Code, Limits, Message};
+use crate::proto::{Code, ItemResult, Limits, Message};
 use crate::stats::Counters;
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
@@ -26,6 +28,85 @@ pub(crate) struct StreamConn {
     counters: Arc<Counters>,
     peer: String,
     sweeper: Sweeper,
+    flow: FlowControl,
+}
+
+/// Per-connection bounds on what is in flight, so a burst of callers waits for room instead of
+/// queueing without limit.
+///
+/// Items (a single call is one, a chunk of a batch counts its items) are bounded exactly by a
+/// semaphore whose permits a call holds until it ends. Bytes are bounded softly: a call waits
+/// while more than `max_bytes` of requests are unanswered, then adds its own size, so the bound
+/// can be passed by the calls admitted at the same moment — at most `max_items` messages.
+struct FlowControl {
+    items: Semaphore,
+    max_items: usize,
+    bytes: AtomicUsize,
+    max_bytes: usize,
+    room: Notify,
+}
+
+/// Flow-control settings of a connection (see [`ClientConfig`](super::ClientConfig)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlowLimits {
+    pub max_items: usize,
+    pub max_bytes: usize,
+}
+
+impl FlowControl {
+    fn new(l: FlowLimits) -> Self {
+        FlowControl {
+            items: Semaphore::new(l.max_items),
+            max_items: l.max_items,
+            bytes: AtomicUsize::new(0),
+            max_bytes: l.max_bytes,
+            room: Notify::new(),
+        }
+    }
+
+    /// Waits until `n` more items and some bytes may be in flight.
+    async fn admit(&self, n: usize) -> Result<SemaphorePermit<'_>, Error> {
+        if n > self.max_items {
+            return Err(Error::Usage(format!(
+                "a call of {n} items exceeds the connection's in-flight bound of {} (use smaller chunks)",
+                self.max_items
+            )));
+        }
+        let permit = match self.items.try_acquire_many(n as u32) {
+            Ok(p) => p,
+            Err(_) => self.items.acquire_many(n as u32).await.map_err(|_| Error::Closed)?,
+        };
+        while self.bytes.load(Ordering::Acquire) > self.max_bytes {
+            let room = self.room.notified();
+            if self.bytes.load(Ordering::Acquire) <= self.max_bytes {
+                break;
+            }
+            room.await;
+        }
+        Ok(permit)
+    }
+}
+
+/// Bytes of one unanswered request; given back when the call ends.
+struct InFlightBytes<'a> {
+    flow: &'a FlowControl,
+    n: usize,
+}
+
+impl<'a> InFlightBytes<'a> {
+    fn add(flow: &'a FlowControl, n: usize) -> Self {
+        flow.bytes.fetch_add(n, Ordering::AcqRel);
+        InFlightBytes { flow, n }
+    }
+}
+
+impl Drop for InFlightBytes<'_> {
+    fn drop(&mut self) {
+        let before = self.flow.bytes.fetch_sub(self.n, Ordering::AcqRel);
+        if before > self.flow.max_bytes && before - self.n <= self.flow.max_bytes {
+            self.flow.room.notify_waiters();
+        }
+    }
 }
 
 /// Deadlines without a timer per call: each waiter's deadline sits in the pending table, and
@@ -44,7 +125,12 @@ struct Sweeper {
 
 impl StreamConn {
     /// Starts the reader and writer tasks of a freshly connected stream.
-    pub fn start<S: ByteStream>(stream: S, limits: Limits, counters: Arc<Counters>) -> Arc<StreamConn> {
+    pub fn start<S: ByteStream>(
+        stream: S,
+        limits: Limits,
+        flow: FlowLimits,
+        counters: Arc<Counters>,
+    ) -> Arc<StreamConn> {
         let peer = stream.peer();
         let (rd, wr) = stream.into_halves();
         let conn = Arc::new(StreamConn {
@@ -54,6 +140,7 @@ impl StreamConn {
             counters,
             peer,
             sweeper: Sweeper { target: AtomicU64::new(u64::MAX), wake: Notify::new() },
+            flow: FlowControl::new(flow),
         });
         let c = conn.clone();
         tokio::spawn(async move {
@@ -129,7 +216,8 @@ impl StreamConn {
             }
             let mut pings = Vec::new();
             let replies = batch.drain(..).filter_map(|m| match m {
-                Message::Reply { id, payload } => Some((id, Ok(payload))),
+                Message::Reply { id, payload } => Some((id, Ok(Reply::One(payload)))),
+                Message::BatchReply { id, items } => Some((id, Ok(Reply::Batch(items)))),
                 Message::Error { id, code, message } => {
                     Some((id, Err(Error::Remote(Status::new(code, as_str(&message))))))
                 }
@@ -141,7 +229,10 @@ impl StreamConn {
                     go_away = Some(format!("server going away ({code}): {}", as_str(&message)));
                     None
                 }
-                Message::Pong { .. } | Message::Request { .. } | Message::Cancel { .. } => None,
+                Message::Pong { .. }
+                | Message::Request { .. }
+                | Message::BatchRequest { .. }
+                | Message::Cancel { .. } => None,
             });
             let late = self.pending.take_batch(replies, &mut done);
             if late > 0 {
@@ -173,31 +264,89 @@ impl StreamConn {
         flags: u8,
         timeout: Duration,
     ) -> Result<Resp, Error> {
+        let reply = self
+            .roundtrip(id, next_id, 1, timeout, |fb, id| match req.as_bytes() {
+                Some(b) if b.len() >= ZERO_COPY_MIN => {
+                    fb.request_bytes(id, flags, m.service(), m.name(), b).map_err(build_error)
+                }
+                _ => fb.request(id, flags, m.service(), m.name(), |buf| req.encode(buf)).map_err(build_error),
+            })
+            .await?;
+        match reply {
+            Reply::One(payload) => Resp::decode(payload).map_err(|e| Error::Decode(e.0)),
+            Reply::Batch(_) => Err(Error::Decode("the server sent a batch reply to a single request".into())),
+        }
+    }
+
+    /// Sends a chunk of requests as one batch message and waits for its one reply. The outer
+    /// error ends the whole chunk (connection, deadline, a chunk-level error reply); otherwise
+    /// each item has its own result, in order.
+    pub async fn call_chunk<Req: Wire, Resp: Wire>(
+        &self,
+        id: u64,
+        next_id: impl FnMut() -> u64,
+        m: &Method<Req, Resp>,
+        items: &[Req],
+        flags: u8,
+        timeout: Duration,
+    ) -> Result<Vec<Result<Resp, Error>>, Error> {
+        let reply = self
+            .roundtrip(id, next_id, items.len(), timeout, |fb, id| {
+                fb.batch_request(id, flags, m.service(), m.name(), items, |r, buf| r.encode(buf))
+                    .map_err(build_error)
+            })
+            .await?;
+        let Reply::Batch(replies) = reply else {
+            return Err(Error::Decode("the server sent a single reply to a batch request".into()));
+        };
+        let mut out: Vec<Result<Resp, Error>> = replies
+            .replies()
+            .map(|r| match r {
+                ItemResult::Ok(b) => Resp::decode(b).map_err(|e| Error::Decode(e.0)),
+                ItemResult::Err { code, message } => Err(Error::Remote(Status::new(code, as_str(&message)))),
+            })
+            .collect();
+        if out.len() != items.len() {
+            let why = format!("batch reply carried {} results for {} requests", out.len(), items.len());
+            out.truncate(items.len());
+            out.resize_with(items.len(), || Err(Error::Decode(why.clone())));
+        }
+        Ok(out)
+    }
+
+    /// The path every request takes: wait for room, register a waiter, queue the message
+    /// (`push` encodes it under id `id`), wait for the outcome.
+    async fn roundtrip(
+        &self,
+        id: u64,
+        next_id: impl FnMut() -> u64,
+        items: usize,
+        timeout: Duration,
+        push: impl FnOnce(&mut FrameBuilder, u64) -> Result<(), Error>,
+    ) -> Result<Reply, Error> {
+        let _permit = self.flow.admit(items).await?;
         let (tx, rx) = oneshot::channel::<Outcome>();
         let deadline = coarsetime::Instant::now() + coarsetime::Duration::from(timeout);
         let id = self.pending.insert(id, tx, deadline, timeout, next_id)?;
         if deadline.as_ticks() < self.sweeper.target.load(Ordering::SeqCst) {
             self.sweeper.wake.notify_one();
         }
-        let pushed = self.outbox.push(|fb| match req.as_bytes() {
-            Some(b) if b.len() >= ZERO_COPY_MIN => {
-                fb.request_bytes(id, flags, m.service(), m.name(), b).map_err(|e| match e {
-                    BuildError::TooLarge { len, max } => Error::TooLarge { len, max },
-                })
-            }
-            _ => fb.request(id, flags, m.service(), m.name(), |buf| req.encode(buf)).map_err(|e| match e {
-                BuildError::Payload(e) => Error::Encode(e.0),
-                BuildError::TooLarge { len, max } => Error::TooLarge { len, max },
-            }),
+        let pushed = self.outbox.push(|fb| {
+            let before = fb.queued_len();
+            push(fb, id).map(|()| fb.queued_len().saturating_sub(before))
         });
-        let sent = match pushed {
-            Ok(r) => r,
-            Err(_closed) => Err(Error::Connection(format!("connection to {} is closed", self.peer))),
+        let size = match pushed {
+            Ok(Ok(size)) => size,
+            Ok(Err(e)) => {
+                self.pending.remove(id);
+                return Err(e);
+            }
+            Err(_closed) => {
+                self.pending.remove(id);
+                return Err(Error::Connection(format!("connection to {} is closed", self.peer)));
+            }
         };
-        if let Err(e) = sent {
-            self.pending.remove(id);
-            return Err(e);
-        }
+        let _bytes = InFlightBytes::add(&self.flow, size);
         // From here the waiter is in the table and ends by a reply, its deadline (the sweeper)
         // or a connection failure. If the caller drops this future first, the guard takes the
         // waiter out again so a late reply finds nobody.
@@ -205,7 +354,7 @@ impl StreamConn {
         let outcome =
             rx.await.unwrap_or_else(|_| Err(Error::Connection("connection dropped the call".into())));
         std::mem::forget(guard);
-        Resp::decode(outcome?).map_err(|e| Error::Decode(e.0))
+        outcome
     }
 
     pub fn pending_len(&self) -> usize {
@@ -224,6 +373,17 @@ impl Drop for Unregister<'_> {
         if self.conn.pending.remove(self.id) {
             let id = self.id;
             let _ = self.conn.outbox.push(|fb| fb.cancel(id));
+        }
+    }
+}
+
+/// Maps a failure to queue a message to the caller's error.
+fn build_error<E: std::fmt::Display>(e: BuildError<E>) -> Error {
+    match e {
+        BuildError::Payload(e) => Error::Encode(e.to_string()),
+        BuildError::TooLarge { len, max } => Error::TooLarge { len, max },
+        BuildError::TooManyItems { count, max } => {
+            Error::Usage(format!("a batch message of {count} items exceeds the protocol limit of {max}"))
         }
     }
 }

@@ -11,8 +11,11 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
 mod conn;
 mod pending;
+
+pub use batch::{BatchOptions, BatchStream};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -44,6 +47,12 @@ pub struct ClientConfig {
     /// The client-id half of request ids. Until a registry assigns one, a process-local
     /// counter does.
     pub client_id: Option<u32>,
+    /// Most requests in flight on one connection (a batch chunk counts its items). Callers
+    /// beyond it wait for room. Default 65,536.
+    pub max_in_flight: usize,
+    /// Bytes of unanswered requests on one connection above which new calls wait (a soft
+    /// bound, see ARCHITECTURE.md). Default 64 MiB.
+    pub max_in_flight_bytes: usize,
 }
 
 impl Default for ClientConfig {
@@ -53,6 +62,8 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             limits: Limits::default(),
             client_id: None,
+            max_in_flight: 65_536,
+            max_in_flight_bytes: 64 << 20,
         }
     }
 }
@@ -160,10 +171,17 @@ impl Client {
         m: &Method<Req, Resp>,
         req: Req,
     ) -> Result<Resp, Error> {
-        if Handle::try_current().is_ok() {
-            return Err(Error::Usage("call_blocking inside an async runtime; use call().await".into()));
-        }
+        self.blocking_guard()?;
         self.inner.runtime.block_on(self.call(m, req))
+    }
+
+    /// Blocking calls from inside a runtime would block one of its threads (and can deadlock a
+    /// single-threaded one): refuse them with a clear error.
+    fn blocking_guard(&self) -> Result<(), Error> {
+        if Handle::try_current().is_ok() {
+            return Err(Error::Usage("blocking call inside an async runtime; use the async form".into()));
+        }
+        Ok(())
     }
 
     /// The address this client talks to.
@@ -211,6 +229,13 @@ impl Inner {
         Ok(conn)
     }
 
+    fn flow_limits(&self) -> conn::FlowLimits {
+        conn::FlowLimits {
+            max_items: self.config.max_in_flight.clamp(1, u32::MAX as usize),
+            max_bytes: self.config.max_in_flight_bytes,
+        }
+    }
+
     async fn open(&self) -> Result<Conn, Error> {
         let connect = async {
             match &self.addr {
@@ -222,13 +247,23 @@ impl Inner {
                         .await
                         .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
                     let _ = s.set_nodelay(true);
-                    Ok(Conn::Stream(StreamConn::start(s, self.config.limits, self.counters.clone())))
+                    Ok(Conn::Stream(StreamConn::start(
+                        s,
+                        self.config.limits,
+                        self.flow_limits(),
+                        self.counters.clone(),
+                    )))
                 }
                 Address::Unix(p) => {
                     let s = UnixStream::connect(p)
                         .await
                         .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
-                    Ok(Conn::Stream(StreamConn::start(s, self.config.limits, self.counters.clone())))
+                    Ok(Conn::Stream(StreamConn::start(
+                        s,
+                        self.config.limits,
+                        self.flow_limits(),
+                        self.counters.clone(),
+                    )))
                 }
             }
         };

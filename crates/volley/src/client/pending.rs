@@ -14,10 +14,20 @@ use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
 use crate::error::Error;
+use crate::proto::BatchItems;
 
-/// What a waiter receives: the raw reply payload (decoded by the caller, off the IO task), or
-/// the error that ended the call.
-pub(crate) type Outcome = Result<Bytes, Error>;
+/// A reply as the reader hands it to the waiter, still encoded: the caller decodes it, off
+/// the IO task.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The payload of a reply to a single request.
+    One(Bytes),
+    /// The items of a reply to a batch request.
+    Batch(BatchItems),
+}
+
+/// What a waiter receives: the reply, or the error that ended the call.
+pub(crate) type Outcome = Result<Reply, Error>;
 pub(crate) type Waiter = oneshot::Sender<Outcome>;
 
 struct Entry {

@@ -12,7 +12,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// A value that can travel in a request or reply.
-pub trait Wire: Sized + Send + 'static {
+pub trait Wire: Sized + Send + Sync + 'static {
     /// Appends the encoded value to `out`.
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError>;
     /// Decodes a value from exactly the bytes of one payload.

@@ -9,6 +9,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use super::batch::BatchItems;
 use super::message::{Code, Kind, Message};
 use super::{Limits, ProtocolError, preamble};
 
@@ -152,6 +153,27 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
                 let n = c.u32()? as usize;
                 let message = c.utf8(n, "go-away message is not UTF-8")?;
                 Message::GoAway { code, message }
+            }
+            Kind::BatchRequest => {
+                let flags = c.u8()?;
+                let id = c.u64()?;
+                let n = c.u8()? as usize;
+                let service = c.utf8(n, "service name is not UTF-8")?;
+                let n = c.u8()? as usize;
+                let method = c.utf8(n, "method name is not UTF-8")?;
+                let count = c.u32()?;
+                let rest = body.slice(c.pos..);
+                let (items, used) = BatchItems::parse_requests(count, &rest, limits.max_batch_items)?;
+                c.pos += used;
+                Message::BatchRequest { id, flags, service, method, items }
+            }
+            Kind::BatchReply => {
+                let id = c.u64()?;
+                let count = c.u32()?;
+                let rest = body.slice(c.pos..);
+                let (items, used) = BatchItems::parse_replies(count, &rest, limits.max_batch_items)?;
+                c.pos += used;
+                Message::BatchReply { id, items }
             }
         };
         out.push(msg);

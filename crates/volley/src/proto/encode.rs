@@ -25,6 +25,8 @@ pub const SOFT_FRAME_LEN: usize = 256 * 1024;
 pub enum BuildError<E> {
     /// The payload encoder failed.
     Payload(E),
+    /// A batch message with more items than the limit allows.
+    TooManyItems { count: usize, max: usize },
     /// The message does not fit in one frame under the limits.
     TooLarge { len: usize, max: usize },
 }
@@ -63,8 +65,8 @@ impl FrameBuilder {
         self.buf.is_empty() && self.segments.is_empty()
     }
 
-    /// Bytes waiting to be written.
-    pub fn pending_bytes(&self) -> usize {
+    /// Bytes waiting to be written (cheap: the send buffer plus any zero-copy segments).
+    pub fn queued_len(&self) -> usize {
         self.buf.len() + self.segments.iter().map(Bytes::len).sum::<usize>()
     }
 
@@ -139,6 +141,70 @@ impl FrameBuilder {
         payload: Bytes,
     ) -> Result<(), BuildError<std::convert::Infallible>> {
         self.message(|b| reply_header(b, id), Payload::<fn(&mut BytesMut) -> Result<(), _>>::Bytes(payload))
+    }
+
+    /// Appends a batch request: one message carrying every item of `items`, each encoded by
+    /// `encode`. If any item fails to encode, nothing is appended.
+    pub fn batch_request<T, E>(
+        &mut self,
+        id: u64,
+        flags: u8,
+        service: &str,
+        method: &str,
+        items: &[T],
+        mut encode: impl FnMut(&T, &mut BytesMut) -> Result<(), E>,
+    ) -> Result<(), BuildError<E>> {
+        check_name(service)?;
+        check_name(method)?;
+        if items.len() > self.limits.max_batch_items {
+            return Err(BuildError::TooManyItems { count: items.len(), max: self.limits.max_batch_items });
+        }
+        self.message(
+            |b| {
+                b.put_u8(Kind::BatchRequest as u8);
+                b.put_u8(flags);
+                b.put_u64_le(id);
+                b.put_u8(service.len() as u8);
+                b.put_slice(service.as_bytes());
+                b.put_u8(method.len() as u8);
+                b.put_slice(method.as_bytes());
+            },
+            Payload::Raw(|b: &mut BytesMut| {
+                b.put_u32_le(items.len() as u32);
+                for item in items {
+                    let at = b.len();
+                    b.put_u32_le(0);
+                    encode(item, b)?;
+                    let n = (b.len() - at - 4) as u32;
+                    b[at..at + 4].copy_from_slice(&n.to_le_bytes());
+                }
+                Ok(())
+            }),
+        )
+    }
+
+    /// Appends a batch reply: `fill` adds one result per item, in item order, through
+    /// [`BatchReplyItems`].
+    pub fn batch_reply(
+        &mut self,
+        id: u64,
+        fill: impl FnOnce(&mut BatchReplyItems<'_>),
+    ) -> Result<(), BuildError<std::convert::Infallible>> {
+        self.message(
+            |b| {
+                b.put_u8(Kind::BatchReply as u8);
+                b.put_u64_le(id);
+            },
+            Payload::Raw(|b: &mut BytesMut| {
+                let at = b.len();
+                b.put_u32_le(0);
+                let mut items = BatchReplyItems { buf: b, count: 0 };
+                fill(&mut items);
+                let count = items.count;
+                b[at..at + 4].copy_from_slice(&count.to_le_bytes());
+                Ok(())
+            }),
+        )
     }
 
     /// Appends an error reply. Over-long messages are cut (at a character boundary) to fit.
@@ -251,6 +317,12 @@ impl FrameBuilder {
                 }
                 self.buf[len_at..len_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
             }
+            Payload::Raw(write) => {
+                if let Err(e) = write(&mut self.buf) {
+                    self.unwind(start);
+                    return Err(BuildError::Payload(e));
+                }
+            }
             Payload::Bytes(bytes) => {
                 let msg_len = len_at - start + 4 + bytes.len();
                 if msg_len > self.limits.max_frame_len {
@@ -340,8 +412,57 @@ impl FrameBuilder {
 
 enum Payload<F> {
     None,
+    /// Written by the closure after a u32 length, which is patched afterwards.
     Write(F),
+    /// Written by the closure right after the header, without a length.
+    Raw(F),
     Bytes(Bytes),
+}
+
+/// Adds item results to a batch reply under construction.
+pub struct BatchReplyItems<'a> {
+    buf: &'a mut BytesMut,
+    count: u32,
+}
+
+impl BatchReplyItems<'_> {
+    /// Adds a successful item whose reply `write` encodes. If it fails, the item becomes an
+    /// error item with code [`Code::Internal`] carrying the encoder's message.
+    pub fn ok<E: std::fmt::Display>(&mut self, write: impl FnOnce(&mut BytesMut) -> Result<(), E>) {
+        let at = self.buf.len();
+        self.buf.put_u8(super::batch::ITEM_OK);
+        self.buf.put_u32_le(0);
+        match write(self.buf) {
+            Ok(()) => {
+                let n = (self.buf.len() - at - 5) as u32;
+                self.buf[at + 1..at + 5].copy_from_slice(&n.to_le_bytes());
+                self.count += 1;
+            }
+            Err(e) => {
+                self.buf.truncate(at);
+                self.err(Code::Internal, &format!("reply could not be encoded: {e}"));
+            }
+        }
+    }
+
+    /// Adds a failed item.
+    pub fn err(&mut self, code: Code, message: &str) {
+        let message = truncate_str(message, 64 * 1024);
+        self.buf.put_u8(super::batch::ITEM_ERROR);
+        self.buf.put_u16_le(code.to_u16());
+        self.buf.put_u32_le(message.len() as u32);
+        self.buf.put_slice(message.as_bytes());
+        self.count += 1;
+    }
+
+    /// Items added so far.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
 }
 
 fn reply_header(b: &mut BytesMut, id: u64) {

@@ -9,6 +9,8 @@ pub struct Limits {
     pub max_frame_len: usize,
     /// Most messages one frame may bundle.
     pub max_messages_per_frame: usize,
+    /// Most items one batch request or batch reply may carry.
+    pub max_batch_items: usize,
 }
 
 impl Limits {
@@ -17,6 +19,8 @@ impl Limits {
     pub const DEFAULT_MAX_FRAME_LEN: usize = 16 << 20;
     /// 4096 messages per bundle: four times a full server turn (`max_batch` = 1000).
     pub const DEFAULT_MAX_MESSAGES_PER_FRAME: usize = 4096;
+    /// 65,536 items per batch message: 512 default chunks of 128.
+    pub const DEFAULT_MAX_BATCH_ITEMS: usize = 65_536;
 }
 
 impl Default for Limits {
@@ -24,6 +28,7 @@ impl Default for Limits {
         Limits {
             max_frame_len: Self::DEFAULT_MAX_FRAME_LEN,
             max_messages_per_frame: Self::DEFAULT_MAX_MESSAGES_PER_FRAME,
+            max_batch_items: Self::DEFAULT_MAX_BATCH_ITEMS,
         }
     }
 }

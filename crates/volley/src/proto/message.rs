@@ -17,6 +17,8 @@ pub enum Kind {
     Ping = 0x05,
     Pong = 0x06,
     GoAway = 0x07,
+    BatchRequest = 0x08,
+    BatchReply = 0x09,
 }
 
 impl Kind {
@@ -29,6 +31,8 @@ impl Kind {
             0x05 => Kind::Ping,
             0x06 => Kind::Pong,
             0x07 => Kind::GoAway,
+            0x08 => Kind::BatchRequest,
+            0x09 => Kind::BatchReply,
             _ => return None,
         })
     }
@@ -122,13 +126,48 @@ impl std::fmt::Display for Code {
 /// One decoded message. String fields are validated UTF-8 (the decoder checks them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    Request { id: u64, flags: u8, service: Bytes, method: Bytes, payload: Bytes },
-    Reply { id: u64, payload: Bytes },
-    Error { id: u64, code: Code, message: Bytes },
-    Cancel { id: u64 },
-    Ping { token: u64 },
-    Pong { token: u64 },
-    GoAway { code: Code, message: Bytes },
+    Request {
+        id: u64,
+        flags: u8,
+        service: Bytes,
+        method: Bytes,
+        payload: Bytes,
+    },
+    Reply {
+        id: u64,
+        payload: Bytes,
+    },
+    Error {
+        id: u64,
+        code: Code,
+        message: Bytes,
+    },
+    Cancel {
+        id: u64,
+    },
+    Ping {
+        token: u64,
+    },
+    Pong {
+        token: u64,
+    },
+    GoAway {
+        code: Code,
+        message: Bytes,
+    },
+    /// A chunk of requests for one method, answered by one [`Message::BatchReply`].
+    BatchRequest {
+        id: u64,
+        flags: u8,
+        service: Bytes,
+        method: Bytes,
+        items: super::batch::BatchItems,
+    },
+    /// One result per item of a [`Message::BatchRequest`], in item order.
+    BatchReply {
+        id: u64,
+        items: super::batch::BatchItems,
+    },
 }
 
 /// Request flag bit: the caller marked the call idempotent (safe to retry elsewhere).

@@ -10,13 +10,16 @@
 //! - [`message`]: message kinds, error codes and the decoded [`Message`] value.
 //! - [`encode`]: appending messages and frames to a send buffer.
 //! - [`decoder`]: the incremental frame decoder for a receive buffer.
+//! - [`batch`]: the items of batch requests and replies.
 
+pub mod batch;
 pub mod decoder;
 pub mod encode;
 pub mod limits;
 pub mod message;
 pub mod preamble;
 
+pub use batch::{BatchItems, ItemResult};
 pub use decoder::{Decoder, decode_frame};
 pub use encode::FrameBuilder;
 pub use limits::Limits;
@@ -35,6 +38,8 @@ pub enum ProtocolError {
     FrameTooLarge { len: usize, max: usize },
     #[error("frame carries more than {max} messages")]
     TooManyMessages { max: usize },
+    #[error("batch message carries more than {max} items")]
+    TooManyItems { max: usize },
     #[error("empty frame (a frame carries at least one message)")]
     EmptyFrame,
     #[error("unknown message kind {0:#04x}")]

@@ -5,13 +5,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use std::sync::atomic::Ordering;
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::handler::ReplyWriter;
 use crate::error::Status;
 use crate::proto::message::as_str;
-use crate::proto::{Code, Message, ProtocolError};
+use crate::proto::{BatchItems, Code, Message, ProtocolError};
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::stream::ByteStream;
@@ -42,7 +44,11 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
     let end = loop {
         let read = tokio::select! {
             biased;
-            r = reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters) => r,
+            r = async {
+                // A peer that does not read its replies stops us reading its requests.
+                outbox.wait_queued_below(MAX_UNSENT).await;
+                reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters).await
+            } => r,
             _ = shared.shutdown.cancelled() => break End::Shutdown,
         };
         match read {
@@ -81,6 +87,9 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
     }
 }
 
+/// Unsent reply bytes above which a connection stops reading requests until its peer catches up.
+const MAX_UNSENT: usize = 16 << 20;
+
 /// How long a connection we close keeps reading (and discarding) so its go-away arrives.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -98,7 +107,7 @@ struct Dispatch {
 impl Dispatch {
     fn run(
         &mut self,
-        shared: &Shared,
+        shared: &Arc<Shared>,
         outbox: &Arc<Outbox>,
         inflight: &TaskTracker,
         batch: &mut Vec<Message>,
@@ -121,7 +130,11 @@ impl Dispatch {
                 Message::GoAway { code, message } => {
                     tracing::debug!(%code, message = as_str(&message), "client is going away");
                 }
-                Message::Reply { .. } | Message::Error { .. } => {
+                Message::BatchRequest { id, service, method, items, .. } => {
+                    self.chunk(shared, outbox, inflight, id, &service, &method, items);
+                    self.key = None;
+                }
+                Message::Reply { .. } | Message::Error { .. } | Message::BatchReply { .. } => {
                     // Requests before the violation are still answered; nothing after it runs.
                     violation = Some(ProtocolError::Malformed("a client sent a reply to the server"));
                     break;
@@ -157,32 +170,81 @@ impl Dispatch {
         self.pongs.clear();
     }
 
-    /// Hands the current group to its handler. A handler that finishes on its first poll has
-    /// its replies written with this turn's bundle; a slower one continues as its own task.
-    fn flush(&mut self, shared: &Shared, outbox: &Arc<Outbox>, inflight: &TaskTracker) {
+    /// Hands the current group to its handler.
+    fn flush(&mut self, shared: &Arc<Shared>, outbox: &Arc<Outbox>, inflight: &TaskTracker) {
         if self.group.is_empty() {
             return;
         }
         let (service, method) = self.key.as_ref().expect("a group has a key");
-        match shared.router.lookup(as_str(service), as_str(method)) {
+        let route = match shared.router.lookup(as_str(service), as_str(method)) {
+            Ok(route) => route.clone(),
             Err(status) => {
                 self.errors.extend(self.group.drain(..).map(|(id, _)| (id, status.clone())));
+                return;
             }
-            Ok(route) => {
-                let items = std::mem::replace(&mut self.group, Vec::with_capacity(16));
-                let mut fut = route.erased.call(items);
-                // The noop waker is safe: a pending future is spawned, and its task polls it
-                // again with a real waker.
-                match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-                    Poll::Ready(w) => self.ready.push(w),
-                    Poll::Pending => {
-                        let outbox = outbox.clone();
-                        inflight.spawn(async move {
-                            let w = fut.await;
-                            let _ = outbox.push(|fb| w.write(fb));
-                        });
-                    }
-                }
+        };
+        // Admit as many as there is room for; the rest are refused at once.
+        let room = shared.room();
+        if room < self.group.len() {
+            let status = shared.overloaded();
+            self.errors.extend(self.group.drain(room..).map(|(id, _)| (id, status.clone())));
+            if self.group.is_empty() {
+                return;
+            }
+        }
+        let n = self.group.len();
+        let items = std::mem::replace(&mut self.group, Vec::with_capacity(16));
+        self.start(route.erased.call(items), n, shared, outbox, inflight);
+    }
+
+    /// Hands the items of batch request `id` to its handler (after the group before it, so
+    /// replies keep arrival order within a turn).
+    #[allow(clippy::too_many_arguments)]
+    fn chunk(
+        &mut self,
+        shared: &Arc<Shared>,
+        outbox: &Arc<Outbox>,
+        inflight: &TaskTracker,
+        id: u64,
+        service: &Bytes,
+        method: &Bytes,
+        items: BatchItems,
+    ) {
+        self.flush(shared, outbox, inflight);
+        let route = match shared.router.lookup(as_str(service), as_str(method)) {
+            Ok(route) => route.clone(),
+            Err(status) => return self.errors.push((id, status)),
+        };
+        let n = items.len().max(1);
+        if shared.room() < n {
+            return self.errors.push((id, shared.overloaded()));
+        }
+        self.start(route.erased.call_chunk(id, items, shared.config.max_batch), n, shared, outbox, inflight);
+    }
+
+    /// Runs a handler's future: one that finishes on its first poll has its replies written
+    /// with this turn's bundle; a slower one continues as its own task, and its `n` requests
+    /// count as queued work until its replies are queued.
+    fn start(
+        &mut self,
+        mut fut: BoxFuture<'static, Box<dyn ReplyWriter>>,
+        n: usize,
+        shared: &Arc<Shared>,
+        outbox: &Arc<Outbox>,
+        inflight: &TaskTracker,
+    ) {
+        // The noop waker is safe: a pending future is spawned, and its task polls it again
+        // with a real waker.
+        match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(w) => self.ready.push(w),
+            Poll::Pending => {
+                shared.queued.fetch_add(n, Ordering::Relaxed);
+                let (shared, outbox) = (shared.clone(), outbox.clone());
+                inflight.spawn(async move {
+                    let w = fut.await;
+                    let _ = outbox.push(|fb| w.write(fb));
+                    shared.queued.fetch_sub(n, Ordering::Relaxed);
+                });
             }
         }
     }

@@ -19,8 +19,8 @@ use rustc_hash::FxHashMap;
 use super::inproc::InprocQueue;
 use crate::codec::Wire;
 use crate::error::Status;
-use crate::proto::Code;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
+use crate::proto::{BatchItems, Code};
 
 /// What a batch handler returns: one result per request, in request order.
 pub type BatchResult<Resp> = Vec<Result<Resp, Status>>;
@@ -59,6 +59,24 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
         });
         h.item = Some(Box::new(move |r| Box::pin(guard_item(&*direct, r))));
         h
+    }
+
+    /// Runs the handler on a batch of any size, in parts of at most `max` requests (so a
+    /// handler never sees more than `max_batch` at once), concatenating the results.
+    pub(crate) fn run_bounded(&self, reqs: Vec<Req>, max: usize) -> BoxFuture<'static, BatchResult<Resp>> {
+        if reqs.len() <= max {
+            return self.run(reqs);
+        }
+        let mut parts = Vec::new();
+        let mut rest = reqs.into_iter();
+        loop {
+            let part: Vec<Req> = rest.by_ref().take(max).collect();
+            if part.is_empty() {
+                break;
+            }
+            parts.push(self.run(part));
+        }
+        Box::pin(async move { futures_util::future::join_all(parts).await.into_iter().flatten().collect() })
     }
 
     /// Runs the handler on a batch; the result always has exactly one entry per request.
@@ -164,6 +182,14 @@ pub(crate) trait ErasedHandler: Send + Sync {
     /// Decodes the payloads, runs the handler and returns a writer of the replies. Payloads
     /// that do not decode are answered with [`Code::BadRequest`] without reaching the handler.
     fn call(&self, reqs: Vec<(u64, Bytes)>) -> BoxFuture<'static, Box<dyn ReplyWriter>>;
+
+    /// The same for the items of one batch request `id`; the writer produces one batch reply.
+    fn call_chunk(
+        &self,
+        id: u64,
+        items: BatchItems,
+        max_batch: usize,
+    ) -> BoxFuture<'static, Box<dyn ReplyWriter>>;
 }
 
 /// Writes a finished batch's replies into a connection's outgoing frames.
@@ -196,6 +222,7 @@ pub(crate) fn write_reply<Resp: Wire>(fb: &mut FrameBuilder, id: u64, resp: &Res
     let result = match resp.as_bytes() {
         Some(b) if b.len() >= ZERO_COPY_MIN => fb.reply_bytes(id, b).map_err(|e| match e {
             BuildError::TooLarge { len, max } => BuildError::TooLarge { len, max },
+            BuildError::TooManyItems { count, max } => BuildError::TooManyItems { count, max },
         }),
         _ => fb.reply(id, |buf| resp.encode(buf)),
     };
@@ -207,10 +234,75 @@ pub(crate) fn write_reply<Resp: Wire>(fb: &mut FrameBuilder, id: u64, resp: &Res
         Err(BuildError::TooLarge { len, max }) => {
             fb.error(id, Code::TooLarge, &format!("reply of {len} bytes exceeds the frame limit of {max}"))
         }
+        Err(BuildError::TooManyItems { .. }) => unreachable!("a single reply has no items"),
+    }
+}
+
+/// The replies to one batch request: one batch reply with a result per item, in item order.
+struct ChunkReplies<Resp> {
+    id: u64,
+    len: usize,
+    /// Results of the items that decoded, in order.
+    results: BatchResult<Resp>,
+    /// Items that did not decode: (position, error), in position order.
+    bad: Vec<(usize, Status)>,
+}
+
+impl<Resp: Wire> ReplyWriter for ChunkReplies<Resp> {
+    fn write(self: Box<Self>, fb: &mut FrameBuilder) {
+        let ChunkReplies { id, len, results, bad } = *self;
+        let written = fb.batch_reply(id, |items| {
+            let mut results = results.into_iter();
+            let mut bad = bad.into_iter().peekable();
+            for i in 0..len {
+                if let Some((_, status)) = bad.next_if(|(at, _)| *at == i) {
+                    items.err(status.code, &status.message);
+                    continue;
+                }
+                match results.next() {
+                    Some(Ok(resp)) => items.ok(|buf| resp.encode(buf)),
+                    Some(Err(status)) => items.err(status.code, &status.message),
+                    None => items.err(Code::Internal, "handler returned too few results"),
+                }
+            }
+        });
+        if let Err(e) = written {
+            let why = match e {
+                BuildError::TooLarge { len, max } => {
+                    format!("batch reply of {len} bytes exceeds the frame limit of {max}")
+                }
+                other => format!("batch reply could not be built: {other:?}"),
+            };
+            fb.error(id, Code::TooLarge, &why);
+        }
     }
 }
 
 impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
+    fn call_chunk(
+        &self,
+        id: u64,
+        items: BatchItems,
+        max_batch: usize,
+    ) -> BoxFuture<'static, Box<dyn ReplyWriter>> {
+        let len = items.len();
+        let mut values = Vec::with_capacity(len);
+        let mut bad = Vec::new();
+        for (i, payload) in items.requests().enumerate() {
+            match Req::decode(payload) {
+                Ok(v) => values.push(v),
+                Err(e) => {
+                    bad.push((i, Status::new(Code::BadRequest, format!("request could not be decoded: {e}"))))
+                }
+            }
+        }
+        let fut = self.run_bounded(values, max_batch);
+        Box::pin(async move {
+            let results = fut.await;
+            Box::new(ChunkReplies { id, len, results, bad }) as Box<dyn ReplyWriter>
+        })
+    }
+
     fn call(&self, reqs: Vec<(u64, Bytes)>) -> BoxFuture<'static, Box<dyn ReplyWriter>> {
         let mut ids = Vec::with_capacity(reqs.len());
         let mut values = Vec::with_capacity(reqs.len());

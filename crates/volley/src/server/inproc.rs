@@ -194,3 +194,34 @@ async fn call_direct<Resp>(
     };
     result.map_err(Error::Remote)
 }
+
+/// Calls `m` on an inproc server with a chunk of requests: the handler gets the chunk as one
+/// batch (split at `max_batch`), directly in the caller's task, nothing encoded.
+pub(crate) async fn call_chunk<Req: Wire, Resp: Wire>(
+    shared: &Arc<Shared>,
+    m: &Method<Req, Resp>,
+    chunk: Vec<Req>,
+    timeout: Duration,
+) -> Result<Vec<Result<Resp, Error>>, Error> {
+    let route = shared.router.lookup(m.service(), m.name()).map_err(Error::Remote)?;
+    let Some(handler) = route.typed.downcast_ref::<TypedHandler<Req, Resp>>() else {
+        return Err(Error::Remote(Status::new(
+            Code::BadRequest,
+            format!("{m:?} is registered with other request/reply types than the caller's"),
+        )));
+    };
+    if shared.shutdown.is_cancelled() {
+        return Err(Error::Connection("inproc server is shutting down".into()));
+    }
+    let _in_flight = shared.tasks.token();
+    let mut fut = handler.run_bounded(chunk, shared.config.max_batch);
+    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+    let results = match first {
+        Poll::Ready(r) => {
+            tokio::task::consume_budget().await;
+            r
+        }
+        Poll::Pending => tokio::time::timeout(timeout, fut).await.map_err(|_| Error::Timeout(timeout))?,
+    };
+    Ok(results.into_iter().map(|r| r.map_err(Error::Remote)).collect())
+}

@@ -16,6 +16,7 @@ pub(crate) mod handler;
 pub(crate) mod inproc;
 
 use std::future::Future;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -44,11 +45,15 @@ pub struct ServerConfig {
     pub max_batch: usize,
     /// Protocol limits enforced on every connection.
     pub limits: Limits,
+    /// Most requests the server holds in handlers that have not finished (summed over all
+    /// connections). Requests beyond it are answered [`Code::Overloaded`](crate::Code) at
+    /// once instead of queueing. Default 50,000.
+    pub max_queued: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { max_batch: 1000, limits: Limits::default() }
+        ServerConfig { max_batch: 1000, limits: Limits::default(), max_queued: 50_000 }
     }
 }
 
@@ -91,6 +96,12 @@ impl ServerBuilder {
         self
     }
 
+    /// Bound on requests held by unfinished handlers before new ones get `Overloaded`.
+    pub fn max_queued(mut self, n: usize) -> Self {
+        self.config.max_queued = n;
+        self
+    }
+
     /// Protocol limits for every connection.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.config.limits = limits;
@@ -107,6 +118,7 @@ impl ServerBuilder {
                 tasks: TaskTracker::new(),
                 runtime: OnceLock::new(),
                 bound: Mutex::new(Vec::new()),
+                queued: AtomicUsize::new(0),
             }),
         }
     }
@@ -138,9 +150,23 @@ pub(crate) struct Shared {
     pub(crate) tasks: TaskTracker,
     runtime: OnceLock<Handle>,
     bound: Mutex<Vec<Address>>,
+    /// Requests held by handlers that did not finish on their first poll.
+    pub(crate) queued: AtomicUsize,
 }
 
 impl Shared {
+    /// How many more requests may be queued.
+    pub(crate) fn room(&self) -> usize {
+        self.config.max_queued.saturating_sub(self.queued.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn overloaded(&self) -> Status {
+        Status::new(
+            crate::Code::Overloaded,
+            format!("server is over its bound of {} queued requests", self.config.max_queued),
+        )
+    }
+
     /// Spawns on the server's runtime (the one `listen` was first called on).
     pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
         let rt = self.runtime.get().cloned().unwrap_or_else(Handle::current);

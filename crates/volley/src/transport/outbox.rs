@@ -26,6 +26,8 @@ const MAX_IOV: usize = 64;
 #[derive(Debug)]
 pub struct Outbox {
     state: Mutex<State>,
+    /// Signalled after every write, for producers waiting for the queue to shrink.
+    drained: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -50,6 +52,7 @@ impl Outbox {
                 closed: false,
                 reported: (0, 0),
             }),
+            drained: tokio::sync::Notify::new(),
         }
     }
 
@@ -77,6 +80,25 @@ impl Outbox {
         drop(st);
         if let Some(w) = w {
             w.wake();
+        }
+    }
+
+    /// Bytes queued and not yet handed to the writer.
+    pub fn queued_len(&self) -> usize {
+        self.state.lock().builder.queued_len()
+    }
+
+    /// Waits until fewer than `limit` bytes are queued (or the outbox is closed).
+    pub async fn wait_queued_below(&self, limit: usize) {
+        loop {
+            let drained = self.drained.notified();
+            {
+                let st = self.state.lock();
+                if st.closed || st.builder.queued_len() < limit {
+                    return;
+                }
+            }
+            drained.await;
         }
     }
 
@@ -117,6 +139,20 @@ impl Outbox {
         counters: &Counters,
         send_preamble: bool,
     ) -> io::Result<()> {
+        let result = self.drain_into(&mut wr, counters, send_preamble).await;
+        // Whatever ended the loop, nothing more will be written: refuse further messages and
+        // release anyone waiting for the queue to drain.
+        self.close();
+        self.drained.notify_waiters();
+        result
+    }
+
+    async fn drain_into<W: AsyncWrite + Unpin>(
+        &self,
+        wr: &mut W,
+        counters: &Counters,
+        send_preamble: bool,
+    ) -> io::Result<()> {
         if send_preamble {
             wr.write_all(&PREAMBLE).await?;
         }
@@ -133,8 +169,9 @@ impl Outbox {
             }
             let Some((frames, messages)) = self.take(&mut segs) else { break };
             let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
-            write_segments(&mut wr, &mut segs).await?;
+            write_segments(wr, &mut segs).await?;
             counters.sent(frames, messages, bytes);
+            self.drained.notify_waiters();
         }
         wr.shutdown().await
     }

@@ -1,0 +1,257 @@
+//! The batch API: order, per-item failures, chunking, blocking and streaming forms, overload.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use volley::{BatchOptions, Client, Code, Error, Method, Server, Status};
+
+const SQUARE: Method<u64, u64> = Method::new("math", "square");
+const SLOW: Method<u64, u64> = Method::new("math", "slow");
+
+fn addresses(tag: &str) -> Vec<String> {
+    vec![
+        format!("inproc://batch-{tag}"),
+        format!("unix://{}/volley-batch-{tag}-{}.sock", std::env::temp_dir().display(), std::process::id()),
+        "tcp://127.0.0.1:0".into(),
+    ]
+}
+
+/// Squares its input; fails on multiples of 1000 and panics on 4242.
+fn math_server(batches: Arc<AtomicUsize>) -> Server {
+    Server::builder()
+        .handle_batch(&SQUARE, move |xs: Vec<u64>| {
+            batches.fetch_add(1, Ordering::Relaxed);
+            async move {
+                xs.into_iter()
+                    .map(|x| if x % 1000 == 0 { Err(Status::app(format!("no {x}"))) } else { Ok(x * x) })
+                    .collect()
+            }
+        })
+        .build()
+}
+
+fn check_results(results: &[Result<u64, Error>], n: u64) {
+    assert_eq!(results.len() as u64, n);
+    for (x, r) in (0..n).zip(results) {
+        if x % 1000 == 0 {
+            match r {
+                Err(Error::Remote(s)) => {
+                    assert_eq!(s.code, Code::Application);
+                    assert_eq!(s.message, format!("no {x}"));
+                }
+                other => panic!("item {x}: expected its own error, got {other:?}"),
+            }
+        } else {
+            assert_eq!(r.as_ref().ok(), Some(&(x * x)), "item {x}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_items_in_input_order_with_failures_in_place() {
+    for addr in addresses("order") {
+        let batches = Arc::new(AtomicUsize::new(0));
+        let server = math_server(batches.clone());
+        let bound = server.listen(&addr).await.unwrap();
+        let client = Client::connect(&bound.to_string()).await.unwrap();
+        let results = client.call_batch(&SQUARE, 0..10_000u64).await;
+        check_results(&results, 10_000);
+        // 10,000 items in chunks of 128: 79 chunks, so the handler saw about 79 batches (a
+        // chunk larger than max_batch would be split, here none is).
+        let seen = batches.load(Ordering::Relaxed);
+        assert!((79..=79 * 2).contains(&seen), "{bound}: {seen} handler batches for 79 chunks");
+        if bound.transport() != "inproc" {
+            // One message per chunk, not per item.
+            let sent = client.counters().messages_sent;
+            assert!(sent <= 79 + 2, "{bound}: {sent} messages for 79 chunks");
+        }
+        drop(client);
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunk_size_and_empty_batches() {
+    let server = math_server(Arc::new(AtomicUsize::new(0)));
+    let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
+    let client = Client::connect(&bound.to_string()).await.unwrap();
+    assert!(client.call_batch(&SQUARE, Vec::<u64>::new()).await.is_empty());
+    let before = client.counters().messages_sent;
+    let results = client.call_batch_with(&SQUARE, 1..=10u64, BatchOptions::default().chunk_size(3)).await;
+    assert_eq!(
+        results.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        (1..=10).map(|x| x * x).collect::<Vec<_>>()
+    );
+    assert_eq!(client.counters().messages_sent - before, 4, "10 items in chunks of 3 are 4 messages");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_item_handlers_and_unknown_methods_in_batches() {
+    for addr in addresses("items") {
+        let server = Server::builder()
+            .handle(&SLOW, |x: u64| async move {
+                if x == 7 {
+                    panic!("seven");
+                }
+                Ok(x + 1)
+            })
+            .build();
+        let bound = server.listen(&addr).await.unwrap();
+        let client = Client::connect(&bound.to_string()).await.unwrap();
+        let results = client.call_batch(&SLOW, 0..300u64).await;
+        for (x, r) in (0..300u64).zip(&results) {
+            match (x, r) {
+                (7, Err(Error::Remote(s))) => assert_eq!(s.code, Code::Panicked),
+                (7, other) => panic!("{bound}: expected a panic reply, got {other:?}"),
+                (_, r) => assert_eq!(r.as_ref().ok(), Some(&(x + 1)), "{bound}: item {x}"),
+            }
+        }
+        // A method the server does not have: every item carries the error.
+        let results = client.call_batch(&SQUARE, 0..5u64).await;
+        assert_eq!(results.len(), 5);
+        assert!(
+            results.iter().all(|r| r.as_ref().err().and_then(Error::code) == Some(Code::UnknownMethod)),
+            "{results:?}"
+        );
+        drop(client);
+        server.shutdown().await;
+    }
+}
+
+#[test]
+fn blocking_batch_and_blocking_iterator() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (server, client) = rt.block_on(async {
+        let server = math_server(Arc::new(AtomicUsize::new(0)));
+        let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
+        let client = Client::connect(&bound.to_string()).await.unwrap();
+        (server, client)
+    });
+    let results = client.call_batch_blocking(&SQUARE, 0..2000u64).unwrap();
+    check_results(&results, 2000);
+    let streamed: Vec<_> =
+        client.call_batch_iter(&SQUARE, 0..3000u64, BatchOptions::default().window(4)).unwrap().collect();
+    check_results(&streamed, 3000);
+    // Inside the runtime the blocking forms refuse instead of blocking a runtime thread.
+    rt.block_on(async {
+        assert!(matches!(client.call_batch_blocking(&SQUARE, 0..1u64), Err(Error::Usage(_))));
+    });
+    rt.block_on(server.shutdown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_yields_in_order_with_a_bounded_window() {
+    for addr in addresses("stream") {
+        let batches = Arc::new(AtomicUsize::new(0));
+        let server = math_server(batches);
+        let bound = server.listen(&addr).await.unwrap();
+        let client = Client::connect(&bound.to_string()).await.unwrap();
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let p = pulled.clone();
+        let reqs = (0..20_000u64).inspect(move |_| {
+            p.fetch_add(1, Ordering::Relaxed);
+        });
+        let opts = BatchOptions::default().chunk_size(100).window(3);
+        let mut stream = client.call_batch_stream(&SQUARE, reqs, opts);
+        let mut got = Vec::new();
+        while let Some(r) = stream.next().await {
+            // The stream never pulls more than window chunks ahead of what it has yielded
+            // (plus the chunk being yielded).
+            let ahead = pulled.load(Ordering::Relaxed) - got.len();
+            assert!(ahead <= 4 * 100, "{bound}: {ahead} requests pulled ahead of the consumer");
+            got.push(r);
+        }
+        check_results(&got, 20_000);
+        drop(stream);
+        drop(client);
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_answers_overloaded_at_once_and_admitted_requests_complete() {
+    let in_handler = Arc::new(AtomicUsize::new(0));
+    let h = in_handler.clone();
+    let server = Server::builder()
+        .max_queued(200)
+        .handle(&SLOW, move |x: u64| {
+            let h = h.clone();
+            async move {
+                h.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                h.fetch_sub(1, Ordering::Relaxed);
+                Ok(x)
+            }
+        })
+        .build();
+    let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
+    let client = Client::connect(&bound.to_string()).await.unwrap();
+    // 10x the bound, all at once, as single calls and as a batch.
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for x in 0..1000u64 {
+        let client = client.clone();
+        calls.push(tokio::spawn(async move { client.call(&SLOW, x).await }));
+    }
+    let batch = client.call_batch(&SLOW, 0..1000u64).await;
+    let (mut ok, mut overloaded) = (0, 0);
+    for (x, r) in calls.into_iter().enumerate() {
+        match r.await.unwrap() {
+            Ok(v) => {
+                assert_eq!(v, x as u64);
+                ok += 1;
+            }
+            Err(e) if e.code() == Some(Code::Overloaded) => overloaded += 1,
+            Err(e) => panic!("call {x}: {e}"),
+        }
+    }
+    for r in &batch {
+        match r {
+            Ok(_) => ok += 1,
+            Err(e) if e.code() == Some(Code::Overloaded) => overloaded += 1,
+            Err(e) => panic!("batch item: {e}"),
+        }
+    }
+    assert_eq!(ok + overloaded, 2000, "every request ended");
+    assert!(overloaded >= 1000, "{overloaded} overloaded of 2000 against a bound of 200");
+    assert!(ok >= 200, "the admitted requests complete: {ok}");
+    // Nothing waited for the slow handler more than a few of its turns.
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(in_handler.load(Ordering::Relaxed) == 0);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_wait_for_room_under_the_in_flight_bound() {
+    let server = Server::builder()
+        .handle(&SLOW, |x: u64| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(x)
+        })
+        .build();
+    let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
+    let config = volley::ClientConfig { max_in_flight: 16, ..Default::default() };
+    let client = Client::connect_with(&bound.to_string(), config).await.unwrap();
+    let mut calls = Vec::new();
+    for x in 0..100u64 {
+        let client = client.clone();
+        calls.push(tokio::spawn(async move { client.call(&SLOW, x).await }));
+    }
+    let mut max_pending = 0;
+    while !calls.iter().all(|c| c.is_finished()) {
+        max_pending = max_pending.max(client.pending_calls());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for (x, c) in calls.into_iter().enumerate() {
+        assert_eq!(c.await.unwrap(), Ok(x as u64));
+    }
+    assert!(max_pending <= 16, "{max_pending} calls in flight with a bound of 16");
+    assert!(max_pending >= 8, "the bound was used: {max_pending}");
+    // A chunk larger than the bound is refused with a clear error rather than waiting forever.
+    let r = client.call_batch_with(&SLOW, 0..100u64, BatchOptions::default().chunk_size(50)).await;
+    assert!(matches!(&r[0], Err(Error::Usage(_))), "{:?}", r[0]);
+    server.shutdown().await;
+}
