@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""The core echo figures of docs/BENCHMARKS.md, reproducible with one command:
+"""The echo figures of docs/BENCHMARKS.md, reproducible with one command:
 
-    cargo build --release -p volley-cli && python3 scripts/bench_core.py [--rounds 3] [--duration 3]
+    cargo build --release -p volley-cli && python3 scripts/bench_core.py [--suite core|batch] [--rounds 3]
 
 Runs every scenario once per round, rounds interleaved (so a noisy moment hits all scenarios
 alike), and prints the median of each as a markdown table, plus the raw JSON lines with --json.
 """
 import argparse, json, statistics, subprocess, sys
 
-SCENARIOS = [
+CORE = [
     # (label, extra args)
     ("tcp, 256 callers, split runtimes", ["--transport", "tcp", "--runtime", "split"]),
     ("tcp, 256 callers, one shared runtime", ["--transport", "tcp", "--runtime", "shared"]),
@@ -23,13 +23,28 @@ SCENARIOS = [
     ("tcp, 1024 callers, one shared runtime", ["--transport", "tcp", "--runtime", "shared", "--concurrency", "1024"]),
 ]
 
+BATCH = [
+    ("tcp, split: 128 callers x single calls", ["--transport", "tcp", "--mode", "single", "--concurrency", "128"]),
+    ("tcp, split: 8 callers x call_batch(128)", ["--transport", "tcp", "--mode", "batch", "--concurrency", "8"]),
+    ("tcp, shared: 8 callers x call_batch(128)", ["--transport", "tcp", "--mode", "batch", "--concurrency", "8", "--runtime", "shared"]),
+    ("tcp, split: 1 caller x single calls", ["--transport", "tcp", "--mode", "single", "--concurrency", "1"]),
+    ("tcp, split: 1 caller x call_batch(128)", ["--transport", "tcp", "--mode", "batch", "--concurrency", "1"]),
+    ("inproc, split: 128 callers x single calls", ["--transport", "inproc", "--mode", "single", "--concurrency", "128"]),
+    ("inproc, split: 8 callers x call_batch(128)", ["--transport", "inproc", "--mode", "batch", "--concurrency", "8"]),
+    ("inproc, shared: 8 callers x call_batch(128)", ["--transport", "inproc", "--mode", "batch", "--concurrency", "8", "--runtime", "shared"]),
+]
+
+SUITES = {"core": CORE, "batch": BATCH}
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--bin", default="target/release/volley")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--suite", choices=SUITES, default="core")
     a = ap.parse_args()
+    SCENARIOS = SUITES[a.suite]
     runs = {label: [] for label, _ in SCENARIOS}
     for r in range(a.rounds):
         for label, extra in SCENARIOS:
@@ -43,10 +58,10 @@ def main():
                 print(json.dumps({"scenario": label, "round": r, **d}))
             print(f"round {r + 1}/{a.rounds}: {label}: {d['calls_per_s']:.0f} calls/s", file=sys.stderr)
     med = lambda label, k: statistics.median(d[k] for d in runs[label])
-    print("| scenario | calls/s | p50 µs | p99 µs | p99.9 µs | messages/frame |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| scenario | requests/s | calls/s | p50 µs | p99 µs | p99.9 µs | messages/frame |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for label, _ in SCENARIOS:
-        print(f"| {label} | {med(label, 'calls_per_s'):,.0f} | {med(label, 'p50_us'):.1f} | "
+        print(f"| {label} | {med(label, 'items_per_s'):,.0f} | {med(label, 'calls_per_s'):,.0f} | {med(label, 'p50_us'):.1f} | "
               f"{med(label, 'p99_us'):.1f} | {med(label, 'p999_us'):.1f} | {med(label, 'messages_per_frame'):.1f} |")
     print(f"\nmedians of {a.rounds} rounds of {a.duration:g} s each")
 

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use volley::Client;
 use volley::bytes::Bytes;
+use volley::{BatchOptions, Client};
 
 use crate::echo::{ECHO, server};
 
@@ -45,6 +45,18 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// How calls are made: `single` (one call per request), `batch` (`call_batch` of
+    /// `--batch-size` requests), or `both` (one after the other in this run, to compare).
+    /// Comma-separated; `direct` (the default) and `relayed` choose how a registry-resolved
+    /// service is reached.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "single")]
+    mode: Vec<Mode>,
+    /// Requests per `call_batch` in batch mode.
+    #[arg(long, default_value_t = 128)]
+    batch_size: usize,
+    /// Requests per chunk (one message on the wire) in batch mode.
+    #[arg(long, default_value_t = 128)]
+    chunk_size: usize,
     /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
@@ -61,6 +73,35 @@ enum Transport {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+enum Mode {
+    Single,
+    Batch,
+    Both,
+    Direct,
+    Relayed,
+}
+
+/// How one measurement makes its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Style {
+    Single,
+    Batch,
+}
+
+impl BenchArgs {
+    fn styles(&self) -> Vec<Style> {
+        let has = |m| self.mode.contains(&m);
+        match (has(Mode::Single), has(Mode::Batch), has(Mode::Both)) {
+            (_, _, true) | (true, true, _) => vec![Style::Single, Style::Batch],
+            (_, true, _) => vec![Style::Batch],
+            _ => vec![Style::Single],
+        }
+    }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 enum RuntimeMode {
     Split,
     Shared,
@@ -71,11 +112,19 @@ enum RuntimeMode {
 struct Report {
     transport: String,
     runtime: RuntimeMode,
+    /// `single` or `batch`.
+    mode: Style,
+    /// Requests per call (1 in single mode).
+    batch_size: usize,
     payload: usize,
     concurrency: usize,
+    /// Calls completed (a `call_batch` counts once).
     calls: u64,
+    /// Requests completed.
+    items: u64,
     seconds: f64,
     calls_per_s: f64,
+    items_per_s: f64,
     p50_us: f64,
     p95_us: f64,
     p99_us: f64,
@@ -91,7 +140,13 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.raw && (args.connect.is_some() || args.transport != Transport::Tcp) {
         return Err("--raw runs its own bare tcp echo: use it with --transport tcp, without --connect".into());
     }
-    let report = match (&args.connect, args.runtime) {
+    if args.raw && args.styles() != [Style::Single] {
+        return Err("--raw measures single calls only".into());
+    }
+    if args.mode.contains(&Mode::Relayed) {
+        return Err("--mode relayed needs a registry (--registry), which this build does not have yet".into());
+    }
+    let reports = match (&args.connect, args.runtime) {
         (Some(addr), _) => client_runtime(args.runtime)?.block_on(drive(addr.clone(), args.clone()))?,
         (None, RuntimeMode::Split) => {
             // The server gets a thread and a single-threaded runtime of its own.
@@ -123,10 +178,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 })
                 .map_err(|e| e.to_string())?;
             let addr = addr_rx.recv().map_err(|e| e.to_string())??;
-            let report = current_thread()?.block_on(drive(addr, args.clone()));
+            let reports = current_thread()?.block_on(drive(addr, args.clone()));
             let _ = stop_tx.send(());
             server_thread.join().map_err(|_| "server thread panicked".to_string())??;
-            report?
+            reports?
         }
         (None, mode) => client_runtime(mode)?.block_on(async {
             if args.raw {
@@ -135,18 +190,29 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             }
             let server = server();
             let addr = server.listen(&listen_address(args.transport)).await.map_err(|e| e.to_string())?;
-            let report = drive(addr.to_string(), args.clone()).await;
+            let reports = drive(addr.to_string(), args.clone()).await;
             server.shutdown().await;
-            report
+            reports
         })?,
     };
-    if args.json {
-        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
-    } else {
-        print_report(&report);
+    for report in &reports {
+        if args.json {
+            println!("{}", serde_json::to_string(report).map_err(|e| e.to_string())?);
+        } else {
+            print_report(report);
+        }
     }
-    if report.errors > 0 {
-        return Err(format!("{} calls failed", report.errors));
+    if let [single, batch] = &reports[..]
+        && !args.json
+    {
+        println!(
+            "batch/single: {:.1}x the requests per second",
+            batch.items_per_s / single.items_per_s.max(f64::MIN_POSITIVE)
+        );
+    }
+    let errors: u64 = reports.iter().map(|r| r.errors).sum();
+    if errors > 0 {
+        return Err(format!("{errors} requests failed"));
     }
     Ok(())
 }
@@ -183,30 +249,67 @@ const STOP: u8 = 2;
 struct CallerResult {
     hist: Histogram<u64>,
     calls: u64,
+    items: u64,
     errors: u64,
     first_error: Option<String>,
 }
 
-async fn drive(addr: String, args: BenchArgs) -> Result<Report, String> {
+async fn drive(addr: String, args: BenchArgs) -> Result<Vec<Report>, String> {
     let client = Client::connect(&addr).await.map_err(|e| e.to_string())?;
-    let payload = Bytes::from(vec![0xA5u8; args.payload]);
+    let mut reports = Vec::new();
+    for style in args.styles() {
+        reports.push(measure(&client, &addr, &args, style).await?);
+    }
+    Ok(reports)
+}
+
+/// One measurement: warm up, measure, gather the callers' histograms.
+async fn measure(client: &Client, addr: &str, args: &BenchArgs, style: Style) -> Result<Report, String> {
+    // A static payload: cloning it costs no reference counting, so the figures measure Volley
+    // rather than the load generator (the server's replies are still real buffers).
+    let payload = Bytes::from_static(Vec::leak(vec![0xA5u8; args.payload]));
+    let batch_size = if style == Style::Batch { args.batch_size.max(1) } else { 1 };
+    let opts = BatchOptions::default().chunk_size(args.chunk_size);
     let phase = Arc::new(AtomicU8::new(WARMUP));
     let mut callers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
-        let (payload, phase) = (payload.clone(), phase.clone());
-        callers.push(if args.raw {
-            let conn = raw::connect(&addr).await?;
-            tokio::spawn(caller(move |p| conn.call(p), payload, phase))
-        } else {
-            let client = client.clone();
-            tokio::spawn(caller(
-                move |p| {
-                    let client = client.clone();
-                    async move { client.call(&ECHO, p).await.map_err(|e| e.to_string()) }
+        let (payload, phase, client) = (payload.clone(), phase.clone(), client.clone());
+        callers.push(match (args.raw, style) {
+            (true, _) => {
+                let conn = raw::connect(addr).await?;
+                tokio::spawn(caller(move || single_outcome(conn.call(payload.clone()), payload.len()), phase))
+            }
+            (false, Style::Single) => tokio::spawn(caller(
+                move || {
+                    let (client, payload) = (client.clone(), payload.clone());
+                    let n = payload.len();
+                    single_outcome(
+                        async move { client.call(&ECHO, payload).await.map_err(|e| e.to_string()) },
+                        n,
+                    )
                 },
-                payload,
                 phase,
-            ))
+            )),
+            (false, Style::Batch) => tokio::spawn(caller(
+                move || {
+                    let (client, payload) = (client.clone(), payload.clone());
+                    async move {
+                        let reqs = (0..batch_size).map(|_| payload.clone());
+                        let mut o = Outcome::default();
+                        for r in client.call_batch_with(&ECHO, reqs, opts).await {
+                            match r {
+                                Ok(reply) if reply.len() == payload.len() => o.ok += 1,
+                                Ok(reply) => {
+                                    o.fail(format!("reply of {} bytes, sent {}", reply.len(), payload.len()))
+                                }
+                                Err(e) => o.fail(e.to_string()),
+                            }
+                        }
+                        o
+                    }
+                },
+                phase,
+            )),
         });
     }
     tokio::time::sleep(Duration::from_secs_f64(args.warmup)).await;
@@ -218,11 +321,12 @@ async fn drive(addr: String, args: BenchArgs) -> Result<Report, String> {
     let seconds = start.elapsed().as_secs_f64();
     let after = client.counters();
     let mut hist = new_histogram();
-    let (mut calls, mut errors, mut first_error) = (0, 0, None);
+    let (mut calls, mut items, mut errors, mut first_error) = (0, 0, 0, None);
     for c in callers {
         let r = c.await.map_err(|e| e.to_string())?;
         hist.add(&r.hist).map_err(|e| e.to_string())?;
         calls += r.calls;
+        items += r.items;
         errors += r.errors;
         first_error = first_error.or(r.first_error);
     }
@@ -239,11 +343,15 @@ async fn drive(addr: String, args: BenchArgs) -> Result<Report, String> {
             addr.split("://").next().unwrap_or("?").to_string()
         },
         runtime: args.runtime,
+        mode: style,
+        batch_size,
         payload: args.payload,
         concurrency: args.concurrency,
         calls,
+        items,
         seconds,
         calls_per_s: calls as f64 / seconds,
+        items_per_s: items as f64 / seconds,
         p50_us: us(0.5),
         p95_us: us(0.95),
         p99_us: us(0.99),
@@ -256,17 +364,45 @@ async fn drive(addr: String, args: BenchArgs) -> Result<Report, String> {
     })
 }
 
+/// What one call (single or batch) achieved.
+#[derive(Default)]
+struct Outcome {
+    ok: u64,
+    failed: u64,
+    error: Option<String>,
+}
+
+impl Outcome {
+    fn fail(&mut self, e: String) {
+        self.failed += 1;
+        self.error.get_or_insert(e);
+    }
+}
+
+async fn single_outcome(
+    call: impl std::future::Future<Output = Result<Bytes, String>>,
+    len: usize,
+) -> Outcome {
+    let mut o = Outcome::default();
+    match call.await {
+        Ok(reply) if reply.len() == len => o.ok = 1,
+        Ok(reply) => o.fail(format!("reply of {} bytes, sent {len}", reply.len())),
+        Err(e) => o.fail(e),
+    }
+    o
+}
+
 fn new_histogram() -> Histogram<u64> {
     // Nanoseconds up to 60 s at 2 significant digits: small enough to keep one per caller.
     Histogram::new_with_bounds(1, 60_000_000_000, 2).expect("valid histogram bounds")
 }
 
-async fn caller<F, Fut>(mut call: F, payload: Bytes, phase: Arc<AtomicU8>) -> CallerResult
+async fn caller<F, Fut>(mut call: F, phase: Arc<AtomicU8>) -> CallerResult
 where
-    F: FnMut(Bytes) -> Fut,
-    Fut: std::future::Future<Output = Result<Bytes, String>>,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Outcome>,
 {
-    let mut r = CallerResult { hist: new_histogram(), calls: 0, errors: 0, first_error: None };
+    let mut r = CallerResult { hist: new_histogram(), calls: 0, items: 0, errors: 0, first_error: None };
     // One clock read per call: each call's end is the next one's start.
     let mut t0 = Instant::now();
     loop {
@@ -274,37 +410,36 @@ where
         if p == STOP {
             return r;
         }
-        let result = call(payload.clone()).await;
+        let outcome = call().await;
         let t1 = Instant::now();
         let ns = (t1 - t0).as_nanos() as u64;
         t0 = t1;
-        let counted = p == MEASURE && phase.load(Ordering::Relaxed) == MEASURE;
-        match result {
-            Ok(reply) if reply.len() == payload.len() => {
-                if counted {
-                    r.hist.saturating_record(ns.max(1));
-                    r.calls += 1;
-                }
-            }
-            Ok(reply) => {
-                r.errors += 1;
-                r.first_error
-                    .get_or_insert_with(|| format!("reply of {} bytes, sent {}", reply.len(), payload.len()));
-            }
-            Err(e) => {
-                r.errors += 1;
-                r.first_error.get_or_insert(e);
-            }
+        if outcome.failed > 0 {
+            r.errors += outcome.failed;
+            r.first_error = r.first_error.or(outcome.error);
+        }
+        if p == MEASURE && phase.load(Ordering::Relaxed) == MEASURE {
+            r.hist.saturating_record(ns.max(1));
+            r.calls += 1;
+            r.items += outcome.ok;
         }
     }
 }
 
 fn print_report(r: &Report) {
     println!(
-        "{} echo, {} B payload, {} callers on one connection, runtime {:?}",
-        r.transport, r.payload, r.concurrency, r.runtime
+        "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{}",
+        r.transport,
+        r.payload,
+        r.concurrency,
+        r.runtime,
+        r.mode,
+        if r.mode == Style::Batch { format!(" of {} requests", r.batch_size) } else { String::new() }
     );
     println!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
+    if r.mode == Style::Batch {
+        println!("  {:.0} requests/s; latency below is per batch call", r.items_per_s);
+    }
     println!(
         "  latency us: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         r.p50_us, r.p95_us, r.p99_us, r.p999_us, r.max_us

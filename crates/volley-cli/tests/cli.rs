@@ -100,3 +100,49 @@ fn bad_addresses_are_reported_clearly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown scheme"), "{err}");
 }
+
+#[test]
+fn bench_mode_both_compares_single_and_batch_in_one_run() {
+    for transport in ["inproc", "tcp"] {
+        let out = volley()
+            .args([
+                "bench",
+                "--transport",
+                transport,
+                "--mode",
+                "both",
+                "--batch-size",
+                "64",
+                "--chunk-size",
+                "16",
+            ])
+            .args(["--duration", "0.3", "--warmup", "0.1", "--concurrency", "4", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{transport}: {}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{transport}: one object per mode");
+        assert_eq!(lines[0]["mode"], "single");
+        assert_eq!(lines[0]["batch_size"], 1);
+        assert_eq!(lines[1]["mode"], "batch");
+        assert_eq!(lines[1]["batch_size"], 64);
+        for v in &lines {
+            assert_eq!(v["errors"], 0, "{v}");
+            let items = v["items"].as_u64().unwrap();
+            assert_eq!(items, v["calls"].as_u64().unwrap() * v["batch_size"].as_u64().unwrap(), "{v}");
+            assert!(v["items_per_s"].as_f64().unwrap() > 0.0, "{v}");
+        }
+        if transport == "tcp" {
+            // 64 requests in chunks of 16: four batch messages per call.
+            let v = &lines[1];
+            assert!(v["messages_sent"].as_u64().unwrap() >= v["calls"].as_u64().unwrap() * 4, "{v}");
+        }
+    }
+    let out = volley().args(["bench", "--mode", "relayed", "--duration", "0.1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("registry"));
+}

@@ -76,11 +76,17 @@ impl Client {
         reqs: impl IntoIterator<Item = Req>,
         opts: BatchOptions,
     ) -> Vec<Result<Resp, Error>> {
-        let chunks = chunked(reqs.into_iter(), opts.chunk_size.max(1));
+        let mut chunks = split_into_chunks(reqs.into_iter().collect(), opts.chunk_size.max(1));
+        if chunks.len() <= 1 {
+            return match chunks.pop() {
+                Some(chunk) => self.chunk(m, chunk, opts).await,
+                None => Vec::new(),
+            };
+        }
         let mut out = Vec::new();
         // All chunk futures are polled in the first pass, so every chunk is queued before the
         // writer runs: they leave together.
-        let mut pending: FuturesOrdered<_> = chunks.map(|c| self.chunk(m, c, opts)).collect();
+        let mut pending: FuturesOrdered<_> = chunks.into_iter().map(|c| self.chunk(m, c, opts)).collect();
         while let Some(results) = pending.next().await {
             out.extend(results);
         }
@@ -200,6 +206,26 @@ impl<Resp> Stream for BatchStream<'_, Resp> {
             }
         }
     }
+}
+
+/// Cuts a vector into owned chunks of `size` (the last may be shorter), moving each request
+/// once: chunks are split off the end, so nothing is copied twice.
+fn split_into_chunks<T>(mut all: Vec<T>, size: usize) -> Vec<Vec<T>> {
+    if all.len() <= size {
+        return if all.is_empty() { Vec::new() } else { vec![all] };
+    }
+    let mut chunks = Vec::with_capacity(all.len().div_ceil(size));
+    let last = (all.len() - 1) / size * size;
+    let mut start = last;
+    loop {
+        chunks.push(all.split_off(start));
+        if start == 0 {
+            break;
+        }
+        start -= size;
+    }
+    chunks.reverse();
+    chunks
 }
 
 /// Cuts an iterator into owned chunks.

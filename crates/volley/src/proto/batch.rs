@@ -84,7 +84,7 @@ impl BatchItems {
         check_count(count, max_items)?;
         let mut c = Reader { b: rest, pos: 0 };
         for _ in 0..count {
-            c.reply_item()?;
+            c.skip_reply_item()?;
         }
         Ok((BatchItems { count, body: rest.slice(..c.pos) }, c.pos))
     }
@@ -128,6 +128,29 @@ impl Reader<'_> {
         Ok(out)
     }
 
+    /// Validates one reply item without taking slices (no reference counting).
+    fn skip_reply_item(&mut self) -> Result<(), ProtocolError> {
+        let status = *self.b.get(self.pos).ok_or(TRUNCATED)?;
+        self.pos += 1;
+        match status {
+            ITEM_OK => {
+                let n = self.u32()? as usize;
+                self.skip(n)
+            }
+            ITEM_ERROR => {
+                self.skip(2)?;
+                let n = self.u32()? as usize;
+                let start = self.pos;
+                self.skip(n)?;
+                std::str::from_utf8(&self.b[start..self.pos])
+                    .map_err(|_| ProtocolError::Malformed("batch item error message is not UTF-8"))?;
+                Ok(())
+            }
+            _ => Err(ProtocolError::Malformed("unknown batch item status")),
+        }
+    }
+
+    /// Reads one reply item (already validated).
     fn reply_item(&mut self) -> Result<ItemResult, ProtocolError> {
         let status = *self.b.get(self.pos).ok_or(TRUNCATED)?;
         self.pos += 1;
@@ -141,10 +164,7 @@ impl Reader<'_> {
                 let code = Code::from_u16(u16::from_le_bytes([code[0], code[1]]));
                 self.pos += 2;
                 let n = self.u32()? as usize;
-                let message = self.take(n)?;
-                std::str::from_utf8(&message)
-                    .map_err(|_| ProtocolError::Malformed("batch item error message is not UTF-8"))?;
-                Ok(ItemResult::Err { code, message })
+                Ok(ItemResult::Err { code, message: self.take(n)? })
             }
             _ => Err(ProtocolError::Malformed("unknown batch item status")),
         }
