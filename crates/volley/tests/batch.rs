@@ -255,3 +255,45 @@ async fn callers_wait_for_room_under_the_in_flight_bound() {
     assert!(matches!(&r[0], Err(Error::Usage(_))), "{:?}", r[0]);
     server.shutdown().await;
 }
+
+/// An application-level batch (seeds/000 §7.3): the request type is itself a batch, and the
+/// service processes it as one unit — one message, one handler call, one reply.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Numbers(Vec<u64>);
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct Sum {
+    count: u64,
+    total: u64,
+}
+volley::wire!(Numbers, Sum);
+
+const SUM: Method<Numbers, Sum> = Method::new("math", "sum");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_level_batch_is_one_message_and_one_handler_call() {
+    for addr in addresses("app") {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let server = Server::builder()
+            .handle(&SUM, move |n: Numbers| {
+                c.fetch_add(1, Ordering::Relaxed);
+                async move { Ok(Sum { count: n.0.len() as u64, total: n.0.iter().sum() }) }
+            })
+            .build();
+        let bound = server.listen(&addr).await.unwrap();
+        let client = Client::connect(&bound.to_string()).await.unwrap();
+        let before = client.counters().messages_sent;
+        let sum = client.call(&SUM, Numbers((1..=10_000).collect())).await.unwrap();
+        assert_eq!(sum, Sum { count: 10_000, total: 50_005_000 });
+        assert_eq!(calls.load(Ordering::Relaxed), 1, "{bound}");
+        if bound.transport() != "inproc" {
+            assert_eq!(
+                client.counters().messages_sent - before,
+                1,
+                "{bound}: one message for the whole batch"
+            );
+        }
+        drop(client);
+        server.shutdown().await;
+    }
+}
