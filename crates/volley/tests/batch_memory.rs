@@ -36,8 +36,12 @@ const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
 const ITEMS: usize = 1_000_000;
 const ITEM_BYTES: usize = 64;
 
+/// The tests of this binary measure the same process-wide counters: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn million_item_stream_has_bounded_peak_heap() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let server = Server::builder()
@@ -69,6 +73,80 @@ fn million_item_stream_has_bounded_peak_heap() {
             peak < all_items / 10,
             "peak heap {peak} bytes is not far below the {all_items} bytes of all items"
         );
+        server.shutdown().await;
+    });
+}
+
+const SLOW: Method<Bytes, Bytes> = Method::new("slow", "echo");
+
+/// A flood far beyond what a slow handler can serve: the server answers `Overloaded` at once
+/// for what it cannot hold, every call ends, and memory stays under a fixed bound however long
+/// the flood lasts.
+#[test]
+fn overload_keeps_memory_bounded() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let server = Server::builder()
+            .max_queued(2_000)
+            .handle(&SLOW, |b: Bytes| async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                Ok(b)
+            })
+            .build();
+        let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
+        let config = volley::ClientConfig { max_in_flight: 10_000, ..Default::default() };
+        let client = Client::connect_with(&bound.to_string(), config).await.unwrap();
+        let base = CURRENT.load(Ordering::Relaxed);
+        PEAK.store(base, Ordering::Relaxed);
+
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+        let mut tasks = Vec::new();
+        for t in 0..40 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut ok, mut overloaded, mut offered) = (0u64, 0u64, 0u64);
+                while std::time::Instant::now() < deadline {
+                    let reqs = (0..500).map(|_| Bytes::from(vec![t as u8; 256]));
+                    for r in client.call_batch_with(&SLOW, reqs, BatchOptions::default().chunk_size(50)).await
+                    {
+                        offered += 1;
+                        match r {
+                            Ok(b) => {
+                                assert_eq!(b.len(), 256);
+                                ok += 1;
+                            }
+                            Err(e) if e.code() == Some(volley::Code::Overloaded) => overloaded += 1,
+                            Err(e) => panic!("unexpected error: {e}"),
+                        }
+                    }
+                }
+                (ok, overloaded, offered)
+            }));
+        }
+        let (mut ok, mut overloaded, mut offered) = (0, 0, 0);
+        for t in tasks {
+            let (o, v, f) = tokio::time::timeout(std::time::Duration::from_secs(10), t)
+                .await
+                .expect("a caller hung under overload")
+                .unwrap();
+            ok += o;
+            overloaded += v;
+            offered += f;
+        }
+        let peak = PEAK.load(Ordering::Relaxed) - base;
+        eprintln!("offered {offered} requests: {ok} served, {overloaded} overloaded; peak heap {peak} bytes");
+        assert_eq!(ok + overloaded, offered, "every request ended");
+        assert!(ok >= 2_000, "admitted requests complete: {ok}");
+        assert!(
+            overloaded >= 10 * ok,
+            "the flood was at least 10x what the server served: {overloaded} vs {ok}"
+        );
+        assert!(
+            offered as usize * 256 > 4 * (24 << 20),
+            "the flood offered far more than the bound: {offered}"
+        );
+        assert!(peak < 24 << 20, "peak heap {peak} bytes under overload");
         server.shutdown().await;
     });
 }
