@@ -123,12 +123,7 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
         let kind = Kind::from_u8(kind_byte).ok_or(ProtocolError::UnknownKind(kind_byte))?;
         let msg = match kind {
             Kind::Request => {
-                let flags = c.u8()?;
-                let id = c.u64()?;
-                let n = c.u8()? as usize;
-                let service = c.utf8(n, "service name is not UTF-8")?;
-                let n = c.u8()? as usize;
-                let method = c.utf8(n, "method name is not UTF-8")?;
+                let (flags, id, service, method) = c.addressed_header()?;
                 let n = c.u32()? as usize;
                 let payload = c.take(n)?;
                 Message::Request { id, flags, service, method, payload }
@@ -155,12 +150,7 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
                 Message::GoAway { code, message }
             }
             Kind::BatchRequest => {
-                let flags = c.u8()?;
-                let id = c.u64()?;
-                let n = c.u8()? as usize;
-                let service = c.utf8(n, "service name is not UTF-8")?;
-                let n = c.u8()? as usize;
-                let method = c.utf8(n, "method name is not UTF-8")?;
+                let (flags, id, service, method) = c.addressed_header()?;
                 let count = c.u32()?;
                 let rest = body.slice(c.pos..);
                 let (items, used) = BatchItems::parse_requests(count, &rest, limits.max_batch_items)?;
@@ -215,6 +205,17 @@ impl Cursor<'_> {
         self.pos = end;
         Ok(b)
     }
+    /// Flags, id, service and method of a Request or BatchRequest.
+    fn addressed_header(&mut self) -> Result<(u8, u64, Bytes, Bytes), ProtocolError> {
+        let flags = self.u8()?;
+        let id = self.u64()?;
+        let n = self.u8()? as usize;
+        let service = self.utf8(n, "service name is not UTF-8")?;
+        let n = self.u8()? as usize;
+        let method = self.utf8(n, "method name is not UTF-8")?;
+        Ok((flags, id, service, method))
+    }
+
     fn utf8(&mut self, n: usize, what: &'static str) -> Result<Bytes, ProtocolError> {
         let b = self.take(n)?;
         std::str::from_utf8(&b).map_err(|_| ProtocolError::Malformed(what))?;

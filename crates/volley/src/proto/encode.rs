@@ -87,15 +87,7 @@ impl FrameBuilder {
         check_name(service)?;
         check_name(method)?;
         self.message(
-            |b| {
-                b.put_u8(Kind::Request as u8);
-                b.put_u8(flags);
-                b.put_u64_le(id);
-                b.put_u8(service.len() as u8);
-                b.put_slice(service.as_bytes());
-                b.put_u8(method.len() as u8);
-                b.put_slice(method.as_bytes());
-            },
+            |b| addressed_header(b, Kind::Request, flags, id, service, method),
             Payload::Write(write),
         )
     }
@@ -112,15 +104,7 @@ impl FrameBuilder {
         check_name(service)?;
         check_name(method)?;
         self.message(
-            |b| {
-                b.put_u8(Kind::Request as u8);
-                b.put_u8(flags);
-                b.put_u64_le(id);
-                b.put_u8(service.len() as u8);
-                b.put_slice(service.as_bytes());
-                b.put_u8(method.len() as u8);
-                b.put_slice(method.as_bytes());
-            },
+            |b| addressed_header(b, Kind::Request, flags, id, service, method),
             Payload::<fn(&mut BytesMut) -> Result<(), _>>::Bytes(payload),
         )
     }
@@ -160,15 +144,7 @@ impl FrameBuilder {
             return Err(BuildError::TooManyItems { count: items.len(), max: self.limits.max_batch_items });
         }
         self.message(
-            |b| {
-                b.put_u8(Kind::BatchRequest as u8);
-                b.put_u8(flags);
-                b.put_u64_le(id);
-                b.put_u8(service.len() as u8);
-                b.put_slice(service.as_bytes());
-                b.put_u8(method.len() as u8);
-                b.put_slice(method.as_bytes());
-            },
+            |b| addressed_header(b, Kind::BatchRequest, flags, id, service, method),
             Payload::Raw(|b: &mut BytesMut| {
                 b.put_u32_le(items.len() as u32);
                 for item in items {
@@ -463,6 +439,17 @@ impl BatchReplyItems<'_> {
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
+}
+
+/// The header shared by Request and BatchRequest: kind, flags, id, service and method names.
+fn addressed_header(b: &mut BytesMut, kind: Kind, flags: u8, id: u64, service: &str, method: &str) {
+    b.put_u8(kind as u8);
+    b.put_u8(flags);
+    b.put_u64_le(id);
+    b.put_u8(service.len() as u8);
+    b.put_slice(service.as_bytes());
+    b.put_u8(method.len() as u8);
+    b.put_slice(method.as_bytes());
 }
 
 fn reply_header(b: &mut BytesMut, id: u64) {

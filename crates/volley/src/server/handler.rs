@@ -296,6 +296,12 @@ impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
                 }
             }
         }
+        if values.is_empty() {
+            // Nothing for the handler (an empty chunk, or no item decoded): do not call it.
+            let replies: Box<dyn ReplyWriter> =
+                Box::new(ChunkReplies::<Resp> { id, len, results: Vec::new(), bad });
+            return Box::pin(std::future::ready(replies));
+        }
         let fut = self.run_bounded(values, max_batch);
         Box::pin(async move {
             let results = fut.await;
