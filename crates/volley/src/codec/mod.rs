@@ -46,6 +46,11 @@
 //! assert_eq!(<Config as Wire>::TIER, volley::codec::Tier::General);
 //! ```
 //!
+//! For types you cannot declare `wire!` on (Rust's orphan rule: `HashMap<String, u32>`,
+//! `Vec<T>` of a serde type), the wrappers [`BitcodeSerde<T>`], [`Bitcode<T>`], [`Json<T>`] and
+//! [`MsgPack<T>`] choose the tier where the method is declared:
+//! `Method<Json<HashMap<String, u32>>, Bitcode<Vec<Hit>>>`.
+//!
 //! Built in, no declaration needed:
 //!
 //! - raw bytes ([`Bytes`], `Vec<u8>`) and strings (`String`, zero-copy [`ByteString`]) travel as
@@ -96,10 +101,12 @@ pub mod fast;
 pub mod general;
 pub mod hash;
 pub mod pod;
+mod wrap;
 
 pub use bytestring::ByteString;
 pub use hash::{StableHash, stable_hash};
 pub use pod::PodVec;
+pub use wrap::{Bitcode, BitcodeSerde, Json, MsgPack};
 
 /// A value that can travel in a request or reply.
 pub trait Wire: Sized + Send + 'static {
@@ -158,23 +165,28 @@ impl CodecError {
 
 impl Wire for Bytes {
     const TIER: Tier = Tier::Pod;
+    #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_slice(self);
         Ok(())
     }
+    #[inline]
     fn decode(bytes: Bytes) -> Result<Self, CodecError> {
         Ok(bytes)
     }
+    #[inline]
     fn as_bytes(&self) -> Option<Bytes> {
         Some(self.clone())
     }
 }
 
 impl Wire for String {
+    #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_slice(self.as_bytes());
         Ok(())
     }
+    #[inline]
     fn decode(bytes: Bytes) -> Result<Self, CodecError> {
         // Validate before copying: a bad payload costs no allocation.
         match std::str::from_utf8(&bytes) {
@@ -187,22 +199,27 @@ impl Wire for String {
 /// A string borrowed from the receive buffer: decoding validates the UTF-8 and keeps a
 /// reference to the payload's bytes instead of copying them.
 impl Wire for ByteString {
+    #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_slice(self.as_bytes());
         Ok(())
     }
+    #[inline]
     fn decode(bytes: Bytes) -> Result<Self, CodecError> {
         ByteString::try_from(bytes).map_err(|e| CodecError::of::<ByteString>("utf-8", e))
     }
+    #[inline]
     fn as_bytes(&self) -> Option<Bytes> {
         Some(self.as_bytes().clone())
     }
 }
 
 impl Wire for () {
+    #[inline]
     fn encode(&self, _: &mut BytesMut) -> Result<(), CodecError> {
         Ok(())
     }
+    #[inline]
     fn decode(bytes: Bytes) -> Result<Self, CodecError> {
         if bytes.is_empty() {
             Ok(())
@@ -216,6 +233,7 @@ macro_rules! wire_number {
     ($($t:ty),*) => {$(
         impl Wire for $t {
             const TIER: Tier = Tier::Pod;
+            #[inline]
             fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
                 out.put_slice(&self.to_le_bytes());
                 Ok(())
@@ -235,10 +253,12 @@ macro_rules! wire_number {
 wire_number!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128, f32, f64);
 
 impl Wire for bool {
+    #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_u8(*self as u8);
         Ok(())
     }
+    #[inline]
     fn decode(bytes: Bytes) -> Result<Self, CodecError> {
         match &bytes[..] {
             [0] => Ok(false),
