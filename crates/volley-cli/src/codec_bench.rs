@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use volley::bytes::{Buf, BufMut, Bytes, BytesMut};
+use volley::bytes::{Bytes, BytesMut};
 use volley::codec::hash::xxh3_64;
 use volley::codec::{Bitcode, BitcodeSerde, Json, MsgPack, PodVec, StableHash};
 use volley::{ByteString, CodecError, Wire};
@@ -95,24 +95,40 @@ struct StrIntMap(HashMap<String, i32>);
 
 impl Wire for StrIntMap {
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
+        // Size the whole encoding first and fill it in place: one capacity check instead of
+        // three per entry.
+        let size: usize = self.0.keys().map(|k| 8 + k.len()).sum();
+        let start = out.len();
+        out.resize(start + size, 0);
+        let mut at = &mut out[start..];
         for (k, v) in &self.0 {
-            out.put_u32_le(k.len() as u32);
-            out.put_slice(k.as_bytes());
-            out.put_i32_le(*v);
+            let (len, rest) = at.split_at_mut(4);
+            len.copy_from_slice(&(k.len() as u32).to_le_bytes());
+            let (key, rest) = rest.split_at_mut(k.len());
+            key.copy_from_slice(k.as_bytes());
+            let (value, rest) = rest.split_at_mut(4);
+            value.copy_from_slice(&v.to_le_bytes());
+            at = rest;
         }
         Ok(())
     }
-    fn decode(mut bytes: Bytes) -> Result<Self, CodecError> {
+    fn decode(bytes: Bytes) -> Result<Self, CodecError> {
         let bad = || CodecError("truncated map entry".into());
         let mut map = HashMap::with_capacity(bytes.len() / 16);
-        while bytes.has_remaining() {
-            let len = bytes.try_get_u32_le().map_err(|_| bad())? as usize;
-            if bytes.remaining() < len {
+        let mut rest = &bytes[..];
+        while let Some((len, after)) = rest.split_first_chunk::<4>() {
+            let len = u32::from_le_bytes(*len) as usize;
+            if after.len() < len + 4 {
                 return Err(bad());
             }
-            let k = std::str::from_utf8(&bytes[..len]).map_err(|e| CodecError(e.to_string()))?.to_owned();
-            bytes.advance(len);
-            map.insert(k, bytes.try_get_i32_le().map_err(|_| bad())?);
+            let (key, after) = after.split_at(len);
+            let (value, after) = after.split_at(4);
+            let key = std::str::from_utf8(key).map_err(|e| CodecError(e.to_string()))?;
+            map.insert(key.to_owned(), i32::from_le_bytes(value.try_into().unwrap()));
+            rest = after;
+        }
+        if !rest.is_empty() {
+            return Err(bad());
         }
         Ok(StrIntMap(map))
     }
@@ -124,10 +140,11 @@ struct IntIntMap(HashMap<i32, i32>);
 
 impl Wire for IntIntMap {
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
-        out.reserve(self.0.len() * 8);
-        for (k, v) in &self.0 {
-            out.put_i32_le(*k);
-            out.put_i32_le(*v);
+        let start = out.len();
+        out.resize(start + self.0.len() * 8, 0);
+        for (pair, (k, v)) in out[start..].chunks_exact_mut(8).zip(&self.0) {
+            pair[..4].copy_from_slice(&k.to_le_bytes());
+            pair[4..].copy_from_slice(&v.to_le_bytes());
         }
         Ok(())
     }
