@@ -1,9 +1,10 @@
 //! `volley`: run an echo server, benchmark Volley.
 
 mod bench;
+mod codec_bench;
 mod echo;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "volley", version, about = "Volley service messaging: echo server and benchmarks")]
@@ -21,7 +22,26 @@ enum Command {
         listen: String,
     },
     /// Echo benchmark: server and load generator in one process, or against `--connect ADDR`.
-    Bench(bench::BenchArgs),
+    /// `volley bench codec` benchmarks the codec tiers instead.
+    Bench(BenchCommand),
+}
+
+/// `volley bench [FLAGS]` runs the echo benchmark, as it always has; `volley bench codec
+/// [FLAGS]` runs the codec benchmark. Echo flags and a subcommand do not mix.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct BenchCommand {
+    #[command(subcommand)]
+    what: Option<BenchWhat>,
+    #[command(flatten)]
+    echo: bench::BenchArgs,
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Codec tiers against each other and a bare memcpy: the seed's serialization tables 1-3
+    /// (string, Vec<i32>, Vec<POD>, HashMap<String, i32>, HashMap<i32, i32>, hash-table inserts).
+    Codec(codec_bench::CodecArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,7 +53,8 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::ServeEcho { listen } => echo::serve(&listen),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
+        Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -33,9 +33,11 @@ pub mod server;
 pub mod stats;
 pub mod transport;
 
+pub use bitcode;
+pub use bytemuck;
 pub use bytes;
 pub use client::{BatchOptions, BatchStream, CallOptions, Client, ClientConfig};
-pub use codec::{CodecError, Wire};
+pub use codec::{ByteString, CodecError, PodVec, StableHash, Tier, Wire};
 pub use error::{Error, Result, Status};
 pub use method::Method;
 pub use proto::Code;
