@@ -208,6 +208,48 @@ impl StreamConn {
         Resp::decode(outcome?).map_err(|e| Error::Decode(e.0))
     }
 
+    /// Sends one request whose payload is already encoded and waits for the raw reply payload.
+    /// The same path as [`call`](Self::call) with names known only at run time (the registry's
+    /// relay forwards calls by the names it received).
+    // Kept beside `call` rather than folded into it so the typed hot path stays untouched;
+    // any change to how `call` registers, sends or unregisters must be mirrored here.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn call_raw(
+        &self,
+        id: u64,
+        next_id: impl FnMut() -> u64,
+        service: &str,
+        method: &str,
+        payload: bytes::Bytes,
+        flags: u8,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, Error> {
+        let (tx, rx) = oneshot::channel::<Outcome>();
+        let deadline = coarsetime::Instant::now() + coarsetime::Duration::from(timeout);
+        let id = self.pending.insert(id, tx, deadline, timeout, next_id)?;
+        if deadline.as_ticks() < self.sweeper.target.load(Ordering::SeqCst) {
+            self.sweeper.wake.notify_one();
+        }
+        let pushed = self.outbox.push(|fb| {
+            fb.request_bytes(id, flags, service, method, payload).map_err(|e| match e {
+                BuildError::TooLarge { len, max } => Error::TooLarge { len, max },
+            })
+        });
+        let sent = match pushed {
+            Ok(r) => r,
+            Err(_closed) => Err(Error::Connection(format!("connection to {} is closed", self.peer))),
+        };
+        if let Err(e) = sent {
+            self.pending.remove(id);
+            return Err(e);
+        }
+        let guard = Unregister { conn: self, id };
+        let outcome =
+            rx.await.unwrap_or_else(|_| Err(Error::Connection("connection dropped the call".into())));
+        std::mem::forget(guard);
+        outcome
+    }
+
     pub fn pending_len(&self) -> usize {
         self.pending.len()
     }
