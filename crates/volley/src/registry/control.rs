@@ -33,6 +33,8 @@ struct Inner {
     client: Client,
     client_id: u32,
     sequence: Arc<AtomicU32>,
+    /// Transport counters of the first-contact connection.
+    bootstrap_transport: Snapshot,
     lookups: AtomicU64,
     watches: AtomicU64,
     sent: AtomicU64,
@@ -50,8 +52,8 @@ pub struct RegistryStats {
     pub messages_sent: u64,
     /// Replies (or error replies) received from the controller.
     pub messages_received: u64,
-    /// Transport counters of the connection (frames, messages, bytes; zero over `inproc://`,
-    /// where nothing is encoded).
+    /// Transport counters of the connection, first contact included (frames, messages,
+    /// bytes; zero over `inproc://`, where nothing is encoded).
     pub transport: Snapshot,
 }
 
@@ -78,6 +80,7 @@ impl Registry {
         // First contact: ask for a client id over a connection whose own id is process-local.
         let bootstrap = Client::connect_with(addr, config.clone()).await?;
         let client_id = bootstrap.call(&ALLOC_CLIENT_ID, ()).await?;
+        let bootstrap_transport = bootstrap.counters();
         drop(bootstrap);
         let sequence = Arc::new(AtomicU32::new(0));
         let cfg =
@@ -89,6 +92,7 @@ impl Registry {
                 client,
                 client_id,
                 sequence,
+                bootstrap_transport,
                 lookups: AtomicU64::new(0),
                 watches: AtomicU64::new(0),
                 // The first-contact exchange counts.
@@ -114,7 +118,11 @@ impl Registry {
             watches: i.watches.load(Relaxed),
             messages_sent: i.sent.load(Relaxed),
             messages_received: i.received.load(Relaxed),
-            transport: i.client.counters(),
+            transport: {
+                let mut t = i.bootstrap_transport;
+                super::pool::add_snapshot(&mut t, &i.client.counters());
+                t
+            },
         }
     }
 

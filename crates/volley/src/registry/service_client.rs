@@ -23,7 +23,7 @@ use crate::method::Method;
 use crate::stats::Snapshot;
 
 /// How a [`ServiceClient`] reaches instances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Resolve a service once, cache its instances (kept fresh by a watch), call instances

@@ -149,8 +149,11 @@ impl MemoryStore {
         MemoryStore {
             state: Mutex::new(Mem {
                 revision: 0,
-                next_lease: 1,
-                next_instance: 1,
+                // Lease and instance ids start at a random point: a server still holding a lease
+                // id from an earlier life of the store must find it unknown (and register again),
+                // not renew — or revoke — a lease this store granted to someone else.
+                next_lease: fastrand::u64(1..1 << 62),
+                next_instance: fastrand::u64(1..1 << 62),
                 leases: HashMap::new(),
                 services: BTreeMap::new(),
                 ids: ClientIds { range, next: start, allocated: HashSet::new() },
@@ -421,6 +424,20 @@ mod tests {
         // Revoking the old lease removes only what is still under it.
         assert_eq!(s.revoke(old).await.unwrap(), 1);
         assert_eq!(s.resolve("a").await.unwrap().instances.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lease_from_an_earlier_store_is_unknown_to_a_new_one() {
+        // A restarted controller must not let a server renew a lease it never granted (it
+        // could be another server's): the server has to register again.
+        let old = MemoryStore::new();
+        let stale = old.grant(Duration::from_secs(10)).await.unwrap();
+        let new = MemoryStore::new();
+        for _ in 0..3 {
+            assert_ne!(new.grant(Duration::from_secs(10)).await.unwrap(), stale);
+        }
+        assert_eq!(new.renew(stale).await, Err(StoreError::UnknownLease(stale)));
+        assert_eq!(new.revoke(stale).await, Err(StoreError::UnknownLease(stale)));
     }
 
     #[tokio::test]
