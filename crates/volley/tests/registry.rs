@@ -814,3 +814,45 @@ async fn the_embedded_registry_needs_nothing_else() {
     assert_eq!(client.instances(SERVICE).await.unwrap().len(), 1);
     assert_eq!(listed_count(&registry, SERVICE).await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_that_cannot_be_reached_are_skipped_even_for_non_idempotent_calls() {
+    let (controller, reg_addr) =
+        start_controller(&format!("inproc://{}", unique("skip")), Duration::ZERO).await;
+    let registry = Registry::connect(&reg_addr).await.unwrap();
+    // Listed but unreachable, under a lease nobody revokes: a tcp port with no listener (the
+    // connect fails before anything is sent) and an inproc server that has shut down.
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("tcp://{}", l.local_addr().unwrap())
+    };
+    let gone = instance("gone", Arc::default());
+    let gone_addr = gone.listen(&format!("inproc://{}", unique("skip-gone"))).await.unwrap().to_string();
+    let raw = Client::connect(&reg_addr).await.unwrap();
+    let req = RegisterRequest {
+        lease: 0,
+        ttl_ms: 60_000,
+        instances: vec![InstanceSpec::new(SERVICE, closed_port), InstanceSpec::new(SERVICE, gone_addr)],
+    };
+    raw.call(&REGISTER, req).await.unwrap();
+    let live = instance("live", Arc::default());
+    let live_addr = live.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    register(&registry, &live, &live_addr, LeaseConfig::default()).await;
+
+    let client = ServiceClient::connect_with(&reg_addr, service_config(Mode::Direct)).await.unwrap();
+    assert_eq!(client.instances(SERVICE).await.unwrap().len(), 3);
+    // The inproc one was reachable once (its connection exists), then it went away.
+    for _ in 0..6 {
+        let _ = client.call(&WHO, 0).await;
+    }
+    gone.shutdown().await;
+    for i in 0..30 {
+        assert_eq!(client.call(&WHO, i).await.unwrap(), "live", "call {i}");
+    }
+    let stats = client.stats();
+    assert_eq!(stats.instances_dropped, 2, "{stats:?}");
+    assert_eq!(stats.failovers, 0, "nothing was retried after being sent: {stats:?}");
+    assert_eq!(cached_addresses(&client).len(), 3, "still listed by the registry");
+    live.shutdown().await;
+    controller.shutdown().await;
+}

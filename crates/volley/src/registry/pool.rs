@@ -423,11 +423,21 @@ impl Pool {
         let mut last_err: Option<Error> = None;
         let mut failing_over = false;
         loop {
-            let view = self.view();
-            let picked =
-                if tried.len() >= self.config.max_attempts { None } else { self.pick(&view, route, &tried) };
-            let Some(ep) = picked else {
-                return Err(last_err.unwrap_or_else(|| self.no_instances(&view)));
+            let picked = {
+                // A guard, not a clone: the view is only needed until the pick.
+                let mut view = self.view.load();
+                if view.readmit_at.is_some_and(|t| Instant::now() >= t) {
+                    self.view();
+                    view = self.view.load();
+                }
+                match tried.len() < self.config.max_attempts {
+                    true => self.pick(&view, route, &tried).ok_or_else(|| self.no_instances(&view)),
+                    false => Err(self.no_instances(&view)),
+                }
+            };
+            let ep = match picked {
+                Ok(ep) => ep,
+                Err(none) => return Err(last_err.unwrap_or(none)),
             };
             let client = match ep.connect(&self.config.client).await {
                 Ok(c) => c,
@@ -441,7 +451,9 @@ impl Pool {
             if failing_over {
                 self.stats.failovers.fetch_add(1, Relaxed);
             }
-            let load = Outstanding::new(&ep.outstanding);
+            // Only least-outstanding reads the count; the other policies skip two atomics.
+            let load =
+                (self.config.balance == Balance::LeastOutstanding).then(|| Outstanding::new(&ep.outstanding));
             let r = attempt(client).await;
             drop(load);
             match r {
