@@ -65,7 +65,8 @@ pub fn ls(registry: &str, json: bool) -> Result<(), String> {
                 println!("  no instances");
             }
             for s in listing.services.iter().filter(|s| !s.instances.is_empty()) {
-                println!("{} ({} instances)", s.name, s.instances.len());
+                let n = s.instances.len();
+                println!("{} ({n} instance{})", s.name, if n == 1 { "" } else { "s" });
                 for i in &s.instances {
                     let meta: Vec<String> =
                         i.instance.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
