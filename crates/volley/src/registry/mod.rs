@@ -65,7 +65,9 @@ pub async fn embedded() -> Result<Option<Controller>, Error> {
     if crate::transport::inproc::lookup(name).is_some() {
         return Ok(None);
     }
-    let c = Controller::new(ControllerConfig::default());
+    // No settling: an embedded controller restarts only with its process, and with it every
+    // server that could have been registered, so there is nothing to wait for.
+    let c = Controller::new(ControllerConfig { settle: Duration::ZERO, ..ControllerConfig::default() });
     c.listen(DEFAULT_REGISTRY).await?;
     tracing::debug!("started the embedded registry on {DEFAULT_REGISTRY}");
     *slot = Some(c.clone());
