@@ -1,9 +1,10 @@
 //! `volley bench`: the echo benchmark.
 //!
 //! N concurrent callers share one connection and call `echo/echo` in a loop for a fixed time
-//! after a warm-up. Latency of every call goes into an HDR histogram; throughput is calls
-//! completed inside the measured window divided by its length. Frames and messages sent by the
-//! client show how well bundling works (messages per frame).
+//! after a warm-up — single calls, or `call_batch` of `--batch-size` requests. Latency of every
+//! call goes into an HDR histogram; throughput is calls (and requests) completed inside the
+//! measured window divided by its length. Frames and messages sent by the client show how well
+//! bundling works (messages per frame).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -13,9 +14,12 @@ use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use volley::bytes::Bytes;
-use volley::{BatchOptions, Client};
+use volley::registry::{
+    Controller, ControllerConfig, InstanceSpec, LeaseConfig, Mode, Registry, ServiceConfig,
+};
+use volley::{BatchOptions, Client, Method, Server, ServiceClient, Snapshot};
 
-use crate::echo::{ECHO, server};
+use crate::echo::{ECHO, method_named, server_named};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -25,6 +29,27 @@ pub struct BenchArgs {
     /// Drive an already running `volley serve-echo` at this address instead.
     #[arg(long)]
     connect: Option<String>,
+    /// Find the echo service through the registry at this address (servers registered with
+    /// `volley serve-echo --registry`) instead of starting one. Implies `--mode direct` unless
+    /// `--mode relayed` is given.
+    #[arg(long)]
+    registry: Option<String>,
+    /// The service to resolve through the registry.
+    #[arg(long, default_value = "echo")]
+    service: String,
+    /// Comma-separated or repeated. Call style: `single` (the default), `batch` (`call_batch`
+    /// of `--batch-size` requests) or `both` (one after the other in this run, to compare).
+    /// Registry mode: `direct` (resolve once, call instances) or `relayed` (every call through
+    /// the controller); without `--registry` an in-process controller is started and the server
+    /// registers with it.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    mode: Vec<BenchMode>,
+    /// Requests per `call_batch` in batch mode.
+    #[arg(long, default_value_t = 128)]
+    batch_size: usize,
+    /// Requests per chunk (one message on the wire) in batch mode.
+    #[arg(long, default_value_t = 128)]
+    chunk_size: usize,
     /// Payload size in bytes.
     #[arg(long, default_value_t = 64)]
     payload: usize,
@@ -45,18 +70,6 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// How calls are made: `single` (one call per request), `batch` (`call_batch` of
-    /// `--batch-size` requests), or `both` (one after the other in this run, to compare).
-    /// Comma-separated; `direct` (the default) and `relayed` choose how a registry-resolved
-    /// service is reached.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "single")]
-    mode: Vec<Mode>,
-    /// Requests per `call_batch` in batch mode.
-    #[arg(long, default_value_t = 128)]
-    batch_size: usize,
-    /// Requests per chunk (one message on the wire) in batch mode.
-    #[arg(long, default_value_t = 128)]
-    chunk_size: usize,
     /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
@@ -71,9 +84,8 @@ enum Transport {
     Tcp,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Mode {
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum BenchMode {
     Single,
     Batch,
     Both,
@@ -89,15 +101,14 @@ enum Style {
     Batch,
 }
 
-impl BenchArgs {
-    fn styles(&self) -> Vec<Style> {
-        let has = |m| self.mode.contains(&m);
-        match (has(Mode::Single), has(Mode::Batch), has(Mode::Both)) {
-            (_, _, true) | (true, true, _) => vec![Style::Single, Style::Batch],
-            (_, true, _) => vec![Style::Batch],
-            _ => vec![Style::Single],
-        }
-    }
+/// How the client finds the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum RegistryMode {
+    /// By address (`--connect`, or the in-process server's address).
+    None,
+    Direct,
+    Relayed,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -134,64 +145,196 @@ struct Report {
     frames_sent: u64,
     messages_sent: u64,
     messages_per_frame: f64,
+    /// `none`, `direct` or `relayed`.
+    registry_mode: RegistryMode,
+    /// The service resolved through the registry (null without one).
+    service: Option<String>,
+    /// Registry look-ups the client made (whole run: in direct mode, one).
+    lookups: u64,
+    /// Messages the client sent to and received from the controller in the measured window
+    /// (in relayed mode every call's request and reply).
+    registry_messages: u64,
+}
+
+/// Checks `--mode` and the flags that go with it; returns the registry mode and the call
+/// styles to measure, in order.
+fn plan(args: &BenchArgs) -> Result<(RegistryMode, Vec<Style>), String> {
+    let mut style = None;
+    let mut registry = None;
+    for &m in &args.mode {
+        let (slot, name) = match m {
+            BenchMode::Single | BenchMode::Batch | BenchMode::Both => (&mut style, "call style"),
+            BenchMode::Direct | BenchMode::Relayed => (&mut registry, "registry mode"),
+        };
+        if slot.replace(m).is_some_and(|prev| prev != m) {
+            return Err(format!("--mode names two {name}s; pick one"));
+        }
+    }
+    let styles = match style {
+        Some(BenchMode::Batch) => vec![Style::Batch],
+        Some(BenchMode::Both) => vec![Style::Single, Style::Batch],
+        _ => vec![Style::Single],
+    };
+    if args.raw && styles != [Style::Single] {
+        return Err("--raw measures single calls only".into());
+    }
+    let mode = match registry {
+        Some(BenchMode::Relayed) => RegistryMode::Relayed,
+        Some(_) => RegistryMode::Direct,
+        None if args.registry.is_some() => RegistryMode::Direct,
+        None => RegistryMode::None,
+    };
+    if mode != RegistryMode::None && (args.connect.is_some() || args.raw) {
+        return Err("--mode direct|relayed and --registry do not go with --connect or --raw".into());
+    }
+    Ok((mode, styles))
+}
+
+/// Where the load goes.
+#[derive(Debug, Clone)]
+enum Target {
+    /// A server at this address.
+    Plain(String),
+    /// The service, through the registry at this address.
+    Registry(String, RegistryMode),
+}
+
+/// What `volley bench` started in-process (the server, and a controller in registry modes).
+struct Local {
+    server: Server,
+    controller: Option<Controller>,
+}
+
+impl Local {
+    async fn start(args: &BenchArgs, mode: RegistryMode) -> Result<(Target, Local), String> {
+        let server = server_named(&args.service);
+        let bound =
+            server.listen(&listen_address(args.transport, "echo")).await.map_err(|e| e.to_string())?;
+        if mode == RegistryMode::None {
+            return Ok((Target::Plain(bound.to_string()), Local { server, controller: None }));
+        }
+        let controller = Controller::new(ControllerConfig::default());
+        let reg_addr = controller
+            .listen(&listen_address(args.transport, "registry"))
+            .await
+            .map_err(|e| e.to_string())?
+            .to_string();
+        let registry = Registry::connect(&reg_addr).await.map_err(|e| e.to_string())?;
+        let spec = InstanceSpec::new(args.service.clone(), bound.to_string());
+        registry.register(&server, vec![spec], LeaseConfig::default()).await.map_err(|e| e.to_string())?;
+        Ok((Target::Registry(reg_addr, mode), Local { server, controller: Some(controller) }))
+    }
+
+    async fn shutdown(self) {
+        self.server.shutdown().await;
+        if let Some(c) = self.controller {
+            c.shutdown().await;
+        }
+    }
+}
+
+/// The client side of the benchmark: a plain client, or a service client through a registry.
+enum Caller {
+    Plain(Client),
+    Service(ServiceClient, Method<Bytes, Bytes>),
+}
+
+impl Caller {
+    async fn call(&self, p: Bytes) -> Outcome {
+        let len = p.len();
+        let r = match self {
+            Caller::Plain(c) => c.call(&ECHO, p).await,
+            Caller::Service(c, m) => c.call(m, p).await,
+        };
+        Outcome::of(std::iter::once(r), len)
+    }
+
+    async fn call_batch(&self, p: Bytes, n: usize, opts: BatchOptions) -> Outcome {
+        let reqs = (0..n).map(|_| p.clone());
+        let results = match self {
+            Caller::Plain(c) => c.call_batch_with(&ECHO, reqs, opts).await,
+            Caller::Service(c, m) => c.call_batch_with(m, reqs, opts).await,
+        };
+        Outcome::of(results, p.len())
+    }
+
+    /// Transport counters of every connection the client uses.
+    fn counters(&self) -> Snapshot {
+        match self {
+            Caller::Plain(c) => c.counters(),
+            Caller::Service(c, _) => c.stats().transport(),
+        }
+    }
+
+    /// (registry look-ups, messages to and from the controller).
+    fn registry(&self) -> (u64, u64) {
+        match self {
+            Caller::Plain(_) => (0, 0),
+            Caller::Service(c, _) => {
+                let s = c.stats();
+                (s.lookups, s.registry_messages())
+            }
+        }
+    }
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.raw && (args.connect.is_some() || args.transport != Transport::Tcp) {
         return Err("--raw runs its own bare tcp echo: use it with --transport tcp, without --connect".into());
     }
-    if args.raw && args.styles() != [Style::Single] {
-        return Err("--raw measures single calls only".into());
-    }
-    if args.mode.contains(&Mode::Relayed) {
-        return Err("--mode relayed needs a registry (--registry), which this build does not have yet".into());
-    }
-    let reports = match (&args.connect, args.runtime) {
-        (Some(addr), _) => client_runtime(args.runtime)?.block_on(drive(addr.clone(), args.clone()))?,
-        (None, RuntimeMode::Split) => {
-            // The server gets a thread and a single-threaded runtime of its own.
-            let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    // Checked here so a bad --mode fails before anything starts; `drive` reads the styles.
+    let (mode, _) = plan(&args)?;
+    let reports = match (&args.connect, &args.registry, args.runtime) {
+        (Some(addr), _, _) => {
+            client_runtime(args.runtime)?.block_on(drive(Target::Plain(addr.clone()), args.clone()))?
+        }
+        (None, Some(reg), _) => client_runtime(args.runtime)?
+            .block_on(drive(Target::Registry(reg.clone(), mode), args.clone()))?,
+        (None, None, RuntimeMode::Split) => {
+            // The server (and the controller, in registry modes) get a thread and a
+            // single-threaded runtime of their own.
+            let (target_tx, target_rx) = std::sync::mpsc::channel();
             let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-            let listen = listen_address(args.transport);
-            let raw = args.raw;
+            let server_args = args.clone();
             let server_thread = std::thread::Builder::new()
                 .name("volley-server".into())
                 .spawn(move || -> Result<(), String> {
                     let rt = current_thread()?;
                     rt.block_on(async move {
-                        if raw {
+                        if server_args.raw {
                             let bound = raw::listen().await;
-                            let _ = addr_tx.send(bound);
+                            let _ = target_tx.send(bound.map(Target::Plain));
                             let _ = stop_rx.await;
                             return;
                         }
-                        let server = server();
-                        let bound = server.listen(&listen).await.map_err(|e| e.to_string());
-                        let ok = bound.is_ok();
-                        let _ = addr_tx.send(bound.map(|a| a.to_string()));
-                        if ok {
-                            let _ = stop_rx.await;
-                            server.shutdown().await;
+                        match Local::start(&server_args, mode).await {
+                            Ok((target, local)) => {
+                                let _ = target_tx.send(Ok(target));
+                                let _ = stop_rx.await;
+                                local.shutdown().await;
+                            }
+                            Err(e) => {
+                                let _ = target_tx.send(Err(e));
+                            }
                         }
                     });
                     Ok(())
                 })
                 .map_err(|e| e.to_string())?;
-            let addr = addr_rx.recv().map_err(|e| e.to_string())??;
-            let reports = current_thread()?.block_on(drive(addr, args.clone()));
+            let target = target_rx.recv().map_err(|e| e.to_string())??;
+            let reports = current_thread()?.block_on(drive(target, args.clone()));
             let _ = stop_tx.send(());
             server_thread.join().map_err(|_| "server thread panicked".to_string())??;
             reports?
         }
-        (None, mode) => client_runtime(mode)?.block_on(async {
+        (None, None, runtime) => client_runtime(runtime)?.block_on(async {
             if args.raw {
                 let addr = raw::listen().await?;
-                return drive(addr, args.clone()).await;
+                return drive(Target::Plain(addr), args.clone()).await;
             }
-            let server = server();
-            let addr = server.listen(&listen_address(args.transport)).await.map_err(|e| e.to_string())?;
-            let reports = drive(addr.to_string(), args.clone()).await;
-            server.shutdown().await;
+            let (target, local) = Local::start(&args, mode).await?;
+            let reports = drive(target, args.clone()).await;
+            local.shutdown().await;
             reports
         })?,
     };
@@ -205,10 +348,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     if let [single, batch] = &reports[..]
         && !args.json
     {
-        println!(
-            "batch/single: {:.1}x the requests per second",
-            batch.items_per_s / single.items_per_s.max(f64::MIN_POSITIVE)
-        );
+        let ratio = batch.items_per_s / single.items_per_s.max(f64::MIN_POSITIVE);
+        println!("batch/single: {ratio:.1}x the requests per second");
     }
     let errors: u64 = reports.iter().map(|r| r.errors).sum();
     if errors > 0 {
@@ -217,11 +358,15 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn listen_address(t: Transport) -> String {
+fn listen_address(t: Transport, role: &str) -> String {
     match t {
-        Transport::Inproc => "inproc://bench-echo".into(),
+        Transport::Inproc => format!("inproc://bench-{role}"),
         Transport::Unix => {
-            format!("unix://{}/volley-bench-{}.sock", std::env::temp_dir().display(), std::process::id())
+            format!(
+                "unix://{}/volley-bench-{role}-{}.sock",
+                std::env::temp_dir().display(),
+                std::process::id()
+            )
         }
         Transport::Tcp => "tcp://127.0.0.1:0".into(),
     }
@@ -254,17 +399,83 @@ struct CallerResult {
     first_error: Option<String>,
 }
 
-async fn drive(addr: String, args: BenchArgs) -> Result<Vec<Report>, String> {
-    let client = Client::connect(&addr).await.map_err(|e| e.to_string())?;
+/// What one call (single or batch) achieved.
+#[derive(Default)]
+struct Outcome {
+    ok: u64,
+    failed: u64,
+    error: Option<String>,
+}
+
+impl Outcome {
+    /// Counts replies of the expected length as successes.
+    fn of(results: impl IntoIterator<Item = Result<Bytes, volley::Error>>, len: usize) -> Outcome {
+        let mut o = Outcome::default();
+        for r in results {
+            match r {
+                Ok(reply) if reply.len() == len => o.ok += 1,
+                Ok(reply) => o.fail(format!("reply of {} bytes, sent {len}", reply.len())),
+                Err(e) => o.fail(e.to_string()),
+            }
+        }
+        o
+    }
+
+    fn fail(&mut self, e: String) {
+        self.failed += 1;
+        self.error.get_or_insert(e);
+    }
+}
+
+/// Every call style of the run, one after the other, against the same server.
+async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
+    let (_, styles) = plan(&args)?;
+    let (caller, transport, registry_mode) = match &target {
+        Target::Plain(addr) => {
+            let client =
+                if args.raw { None } else { Some(Client::connect(addr).await.map_err(|e| e.to_string())?) };
+            let transport = if args.raw { "raw-tcp".to_string() } else { scheme(addr) };
+            (client.map(Caller::Plain), transport, RegistryMode::None)
+        }
+        Target::Registry(reg, mode) => {
+            let config = ServiceConfig {
+                mode: if *mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct },
+                ..ServiceConfig::default()
+            };
+            let client =
+                ServiceClient::connect_with(reg, config).await.map_err(|e| format!("registry {reg}: {e}"))?;
+            let transport = match mode {
+                // Every call goes to the controller; the client never looks the service up.
+                RegistryMode::Relayed => scheme(reg),
+                // Resolves the service: the one look-up of the run.
+                _ => {
+                    let instances = client
+                        .instances(&args.service)
+                        .await
+                        .map_err(|e| format!("{}: {e}", args.service))?;
+                    scheme(&instances[0].address)
+                }
+            };
+            (Some(Caller::Service(client, method_named(&args.service))), transport, *mode)
+        }
+    };
+    let caller = caller.map(Arc::new);
     let mut reports = Vec::new();
-    for style in args.styles() {
-        reports.push(measure(&client, &addr, &args, style).await?);
+    for style in styles {
+        reports.push(measure(&target, caller.clone(), &transport, registry_mode, &args, style).await?);
     }
     Ok(reports)
 }
 
 /// One measurement: warm up, measure, gather the callers' histograms.
-async fn measure(client: &Client, addr: &str, args: &BenchArgs, style: Style) -> Result<Report, String> {
+async fn measure(
+    target: &Target,
+    caller: Option<Arc<Caller>>,
+    transport: &str,
+    registry_mode: RegistryMode,
+    args: &BenchArgs,
+    style: Style,
+) -> Result<Report, String> {
     // A static payload: cloning it costs no reference counting, so the figures measure Volley
     // rather than the load generator (the server's replies are still real buffers).
     let payload = Bytes::from_static(Vec::leak(vec![0xA5u8; args.payload]));
@@ -273,53 +484,50 @@ async fn measure(client: &Client, addr: &str, args: &BenchArgs, style: Style) ->
     let phase = Arc::new(AtomicU8::new(WARMUP));
     let mut callers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
-        let (payload, phase, client) = (payload.clone(), phase.clone(), client.clone());
-        callers.push(match (args.raw, style) {
-            (true, _) => {
-                let conn = raw::connect(addr).await?;
-                tokio::spawn(caller(move || single_outcome(conn.call(payload.clone()), payload.len()), phase))
-            }
-            (false, Style::Single) => tokio::spawn(caller(
-                move || {
-                    let (client, payload) = (client.clone(), payload.clone());
-                    let n = payload.len();
-                    single_outcome(
-                        async move { client.call(&ECHO, payload).await.map_err(|e| e.to_string()) },
-                        n,
-                    )
-                },
-                phase,
-            )),
-            (false, Style::Batch) => tokio::spawn(caller(
-                move || {
-                    let (client, payload) = (client.clone(), payload.clone());
-                    async move {
-                        let reqs = (0..batch_size).map(|_| payload.clone());
-                        let mut o = Outcome::default();
-                        for r in client.call_batch_with(&ECHO, reqs, opts).await {
-                            match r {
-                                Ok(reply) if reply.len() == payload.len() => o.ok += 1,
-                                Ok(reply) => {
-                                    o.fail(format!("reply of {} bytes, sent {}", reply.len(), payload.len()))
-                                }
-                                Err(e) => o.fail(e.to_string()),
+        let (payload, phase) = (payload.clone(), phase.clone());
+        callers.push(match (&caller, target) {
+            (Some(c), _) => {
+                let c = c.clone();
+                tokio::spawn(caller_loop(
+                    move || {
+                        let (c, p) = (c.clone(), payload.clone());
+                        async move {
+                            match style {
+                                Style::Single => c.call(p).await,
+                                Style::Batch => c.call_batch(p, batch_size, opts).await,
                             }
                         }
-                        o
-                    }
-                },
-                phase,
-            )),
+                    },
+                    phase,
+                ))
+            }
+            (None, Target::Plain(addr)) => {
+                let conn = Arc::new(raw::connect(addr).await?);
+                tokio::spawn(caller_loop(
+                    move || {
+                        let (conn, p) = (conn.clone(), payload.clone());
+                        async move {
+                            let len = p.len();
+                            let r = conn.call(p).await.map_err(volley::Error::Connection);
+                            Outcome::of(std::iter::once(r), len)
+                        }
+                    },
+                    phase,
+                ))
+            }
+            (None, Target::Registry(..)) => unreachable!("registry targets always have a caller"),
         });
     }
     tokio::time::sleep(Duration::from_secs_f64(args.warmup)).await;
-    let before = client.counters();
+    let counters = || caller.as_ref().map(|c| c.counters()).unwrap_or_default();
+    let registry = || caller.as_ref().map(|c| c.registry()).unwrap_or_default();
+    let (before, registry_before) = (counters(), registry());
     let start = Instant::now();
     phase.store(MEASURE, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
     phase.store(STOP, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
-    let after = client.counters();
+    let (after, registry_after) = (counters(), registry());
     let mut hist = new_histogram();
     let (mut calls, mut items, mut errors, mut first_error) = (0, 0, 0, None);
     for c in callers {
@@ -337,11 +545,7 @@ async fn measure(client: &Client, addr: &str, args: &BenchArgs, style: Style) ->
     let frames_sent = after.frames_sent - before.frames_sent;
     let messages_sent = after.messages_sent - before.messages_sent;
     Ok(Report {
-        transport: if args.raw {
-            "raw-tcp".into()
-        } else {
-            addr.split("://").next().unwrap_or("?").to_string()
-        },
+        transport: transport.to_string(),
         runtime: args.runtime,
         mode: style,
         batch_size,
@@ -361,35 +565,11 @@ async fn measure(client: &Client, addr: &str, args: &BenchArgs, style: Style) ->
         frames_sent,
         messages_sent,
         messages_per_frame: if frames_sent == 0 { 0.0 } else { messages_sent as f64 / frames_sent as f64 },
+        registry_mode,
+        service: (registry_mode != RegistryMode::None).then(|| args.service.clone()),
+        lookups: registry_after.0,
+        registry_messages: registry_after.1 - registry_before.1,
     })
-}
-
-/// What one call (single or batch) achieved.
-#[derive(Default)]
-struct Outcome {
-    ok: u64,
-    failed: u64,
-    error: Option<String>,
-}
-
-impl Outcome {
-    fn fail(&mut self, e: String) {
-        self.failed += 1;
-        self.error.get_or_insert(e);
-    }
-}
-
-async fn single_outcome(
-    call: impl std::future::Future<Output = Result<Bytes, String>>,
-    len: usize,
-) -> Outcome {
-    let mut o = Outcome::default();
-    match call.await {
-        Ok(reply) if reply.len() == len => o.ok = 1,
-        Ok(reply) => o.fail(format!("reply of {} bytes, sent {len}", reply.len())),
-        Err(e) => o.fail(e),
-    }
-    o
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -397,7 +577,11 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 2).expect("valid histogram bounds")
 }
 
-async fn caller<F, Fut>(mut call: F, phase: Arc<AtomicU8>) -> CallerResult
+fn scheme(addr: &str) -> String {
+    addr.split("://").next().unwrap_or("?").to_string()
+}
+
+async fn caller_loop<F, Fut>(mut call: F, phase: Arc<AtomicU8>) -> CallerResult
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Outcome>,
@@ -427,14 +611,10 @@ where
 }
 
 fn print_report(r: &Report) {
+    let batch = if r.mode == Style::Batch { format!(" of {} requests", r.batch_size) } else { String::new() };
     println!(
-        "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{}",
-        r.transport,
-        r.payload,
-        r.concurrency,
-        r.runtime,
-        r.mode,
-        if r.mode == Style::Batch { format!(" of {} requests", r.batch_size) } else { String::new() }
+        "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}",
+        r.transport, r.payload, r.concurrency, r.runtime, r.mode
     );
     println!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
     if r.mode == Style::Batch {
@@ -448,6 +628,15 @@ fn print_report(r: &Report) {
         "  client sent {} messages in {} frames ({:.1} messages per frame)",
         r.messages_sent, r.frames_sent, r.messages_per_frame
     );
+    if r.registry_mode != RegistryMode::None {
+        println!(
+            "  registry: {:?} mode, service {}, {} look-ups, {} messages to and from the controller while measured",
+            r.registry_mode,
+            r.service.as_deref().unwrap_or("?"),
+            r.lookups,
+            r.registry_messages
+        );
+    }
 }
 
 /// The floor: a bare tokio TCP echo with a 4-byte length prefix, one connection per caller.

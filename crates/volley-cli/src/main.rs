@@ -1,13 +1,14 @@
-//! `volley`: run an echo server, benchmark Volley.
+//! `volley`: run a registry controller or an echo server, list a registry, benchmark Volley.
 
 mod bench;
 mod codec_bench;
+mod controller;
 mod echo;
 
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "volley", version, about = "Volley service messaging: echo server and benchmarks")]
+#[command(name = "volley", version, about = "Volley service messaging: registry, echo server and benchmarks")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,8 +21,35 @@ enum Command {
         /// Address to listen on: unix:///PATH or tcp://HOST:PORT.
         #[arg(long, default_value = "tcp://127.0.0.1:7411")]
         listen: String,
+        /// Register the service with the registry at this address (and renew the lease until
+        /// shut down, when it is revoked at once).
+        #[arg(long)]
+        registry: Option<String>,
+        /// The service name to serve and register.
+        #[arg(long, default_value = "echo")]
+        name: String,
+        /// The address to register, if clients must dial another one than --listen (for
+        /// example when listening on 0.0.0.0).
+        #[arg(long)]
+        advertise: Option<String>,
     },
-    /// Echo benchmark: server and load generator in one process, or against `--connect ADDR`.
+    /// Run a standalone registry controller until interrupted. Prints the bound address.
+    Controller {
+        /// Address to listen on: unix:///PATH or tcp://HOST:PORT.
+        #[arg(long, default_value = "tcp://127.0.0.1:7400")]
+        listen: String,
+    },
+    /// List the services and instances a registry knows.
+    Ls {
+        /// The registry controller's address.
+        #[arg(long)]
+        registry: String,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Echo benchmark: server and load generator in one process, or against `--connect ADDR`
+    /// or `--registry ADDR`.
     /// `volley bench codec` benchmarks the codec tiers instead.
     Bench(BenchCommand),
 }
@@ -52,7 +80,11 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::ServeEcho { listen } => echo::serve(&listen),
+        Command::ServeEcho { listen, registry, name, advertise } => {
+            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref())
+        }
+        Command::Controller { listen } => controller::serve(&listen),
+        Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
     };

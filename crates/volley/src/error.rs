@@ -39,6 +39,13 @@ pub enum Error {
     /// The API was used in a way it cannot serve (the message says how to fix it).
     #[error("usage error: {0}")]
     Usage(String),
+    /// The registry knows the service but no instance of it is usable now: none registered, or
+    /// every one it lists stopped answering.
+    #[error("no instances of service {service:?}")]
+    NoInstances { service: String },
+    /// No instance of this service has registered with the registry (since it started).
+    #[error("unknown service {0:?}: nothing of that name is registered")]
+    UnknownService(String),
 }
 
 impl Error {

@@ -22,13 +22,16 @@
 //!
 //! Layers, bottom up: [`proto`] (sans-IO wire format), [`transport`] (inproc, unix, tcp;
 //! send-side bundling and batch reads), [`codec`] (how values become bytes), then
-//! [`Client`] and [`Server`]. `docs/ARCHITECTURE.md` tells the whole story.
+//! [`Client`] and [`Server`]; on top, the [`registry`] (controller, leases, watches, client
+//! ids) and [`ServiceClient`] (calls by service name: balancing, key routing, failover,
+//! scatter-gather). `docs/ARCHITECTURE.md` tells the whole story.
 
 pub mod client;
 pub mod codec;
 mod error;
 mod method;
 pub mod proto;
+pub mod registry;
 pub mod server;
 pub mod stats;
 pub mod transport;
@@ -41,6 +44,7 @@ pub use codec::{ByteString, CodecError, PodVec, StableHash, Tier, Wire};
 pub use error::{Error, Result, Status};
 pub use method::Method;
 pub use proto::Code;
+pub use registry::{Registry, ServiceClient};
 pub use server::{Server, ServerBuilder, ServerConfig};
 pub use stats::Snapshot;
 pub use transport::Address;

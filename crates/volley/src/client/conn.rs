@@ -357,6 +357,30 @@ impl StreamConn {
         outcome
     }
 
+    /// Sends a request whose names and payload are already bytes, and returns the reply's
+    /// payload undecoded (for forwarding layers such as the registry's relay).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn call_raw(
+        &self,
+        id: u64,
+        next_id: impl FnMut() -> u64,
+        service: &str,
+        method: &str,
+        payload: bytes::Bytes,
+        flags: u8,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, Error> {
+        let reply = self
+            .roundtrip(id, next_id, 1, timeout, |fb, id| {
+                fb.request_bytes(id, flags, service, method, payload).map_err(build_error)
+            })
+            .await?;
+        match reply {
+            Reply::One(payload) => Ok(payload),
+            Reply::Batch(_) => Err(Error::Decode("the server sent a batch reply to a single request".into())),
+        }
+    }
+
     pub fn pending_len(&self) -> usize {
         self.pending.len()
     }

@@ -53,6 +53,10 @@ pub struct ClientConfig {
     /// Bytes of unanswered requests on one connection above which new calls wait (a soft
     /// bound, see ARCHITECTURE.md). Default 64 MiB.
     pub max_in_flight_bytes: usize,
+    /// The sequence half of request ids, shared with other `Client`s that act as one logical
+    /// client under one `client_id` (a `ServiceClient`'s connections to each instance of a
+    /// service), so that their request ids stay unique together. `None`: a sequence of its own.
+    pub shared_sequence: Option<Arc<AtomicU32>>,
 }
 
 impl Default for ClientConfig {
@@ -64,6 +68,7 @@ impl Default for ClientConfig {
             client_id: None,
             max_in_flight: 65_536,
             max_in_flight_bytes: 64 << 20,
+            shared_sequence: None,
         }
     }
 }
@@ -99,7 +104,7 @@ struct Inner {
     addr: Address,
     config: ClientConfig,
     client_id: u32,
-    seq: AtomicU32,
+    seq: Arc<AtomicU32>,
     /// The current connection; swapped on reconnect. Read without a lock on every call.
     conn: ArcSwapOption<Conn>,
     /// Serializes reconnect attempts.
@@ -132,7 +137,7 @@ impl Client {
             reconnect: tokio::sync::Mutex::new(()),
             counters: Arc::new(Counters::default()),
             runtime: Handle::current(),
-            seq: AtomicU32::new(0),
+            seq: config.shared_sequence.clone().unwrap_or_default(),
             client_id,
             addr,
             config,
@@ -159,6 +164,30 @@ impl Client {
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, timeout).await
+            }
+        }
+    }
+
+    /// Calls `service`/`method` with an already encoded request and returns the reply payload
+    /// as it arrived, undecoded. For layers that forward calls they do not know the types of
+    /// (the registry's relay). On `inproc://` the server's handler decodes the payload and
+    /// encodes its reply, as a byte transport would.
+    pub async fn call_raw(
+        &self,
+        service: &str,
+        method: &str,
+        payload: bytes::Bytes,
+        opts: CallOptions,
+    ) -> Result<bytes::Bytes, Error> {
+        let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
+        match &*self.inner.connection().await? {
+            Conn::Inproc(server) => {
+                crate::server::inproc::call_raw(server, service, method, payload, timeout).await
+            }
+            Conn::Stream(c) => {
+                let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
+                let id = self.inner.next_id();
+                c.call_raw(id, || self.inner.next_id(), service, method, payload, flags, timeout).await
             }
         }
     }
@@ -197,6 +226,13 @@ impl Client {
     /// Counters of this client (frames, messages and bytes sent and received).
     pub fn counters(&self) -> Snapshot {
         self.inner.counters.snapshot()
+    }
+
+    /// Whether the client holds a live connection now. A call on a client that is not connected
+    /// first reconnects; layers that route between servers use this to connect (and fail)
+    /// before handing over a request that must not be sent twice.
+    pub fn is_connected(&self) -> bool {
+        self.inner.conn.load().as_deref().is_some_and(Conn::is_alive)
     }
 
     /// Calls sent and not yet answered on the current connection.

@@ -225,3 +225,45 @@ pub(crate) async fn call_chunk<Req: Wire, Resp: Wire>(
     };
     Ok(results.into_iter().map(|r| r.map_err(Error::Remote)).collect())
 }
+
+/// Calls `service`/`method` on an inproc server with an encoded request and returns the
+/// encoded reply: the byte path of a socket connection, minus the socket. Used by
+/// [`Client::call_raw`](crate::Client::call_raw) (the registry's relay forwards calls whose
+/// types it does not know). Not a fast path: the reply is written as a frame and decoded.
+pub(crate) async fn call_raw(
+    shared: &Arc<Shared>,
+    service: &str,
+    method: &str,
+    payload: bytes::Bytes,
+    timeout: Duration,
+) -> Result<bytes::Bytes, Error> {
+    use crate::proto::{Decoder, FrameBuilder, Message, decode_frame};
+
+    if shared.shutdown.is_cancelled() {
+        return Err(Error::Connection("inproc server is shutting down".into()));
+    }
+    let route = shared.router.lookup(service, method).map_err(Error::Remote)?.clone();
+    let _in_flight = shared.tasks.token();
+    let writer = tokio::time::timeout(timeout, route.erased.call(vec![(0, payload)]))
+        .await
+        .map_err(|_| Error::Timeout(timeout))?;
+    let limits = shared.config.limits;
+    let mut fb = FrameBuilder::new(limits);
+    writer.write(&mut fb);
+    let mut segments = Vec::new();
+    fb.take_into(&mut segments);
+    let mut buf = bytes::BytesMut::new();
+    segments.iter().for_each(|s| buf.extend_from_slice(s));
+    let mut messages = Vec::new();
+    let mut decoder = Decoder::after_preamble(limits);
+    while let Some(frame) = decoder.next_frame(&mut buf).map_err(Error::Protocol)? {
+        decode_frame(&frame, &limits, &mut messages).map_err(Error::Protocol)?;
+    }
+    match messages.pop() {
+        Some(Message::Reply { payload, .. }) => Ok(payload),
+        Some(Message::Error { code, message, .. }) => {
+            Err(Error::Remote(Status::new(code, crate::proto::message::as_str(&message))))
+        }
+        _ => Err(Error::Remote(Status::new(Code::Internal, "handler produced no reply"))),
+    }
+}

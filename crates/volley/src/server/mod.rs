@@ -249,6 +249,17 @@ impl Server {
     pub fn addresses(&self) -> Vec<Address> {
         self.shared.bound.lock().clone()
     }
+
+    /// Cancelled when shutdown starts. Layers built on the server (the registry's lease
+    /// keeper) watch it to act at once, for example to deregister before the drain ends.
+    pub(crate) fn shutdown_token(&self) -> CancellationToken {
+        self.shared.shutdown.clone()
+    }
+
+    /// Runs `fut` as one of the server's tasks: [`shutdown`](Self::shutdown) waits for it.
+    pub(crate) fn spawn_tracked(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        self.shared.spawn(fut);
+    }
 }
 
 async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {

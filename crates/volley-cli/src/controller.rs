@@ -1,0 +1,85 @@
+//! `volley controller` and `volley ls`.
+
+use volley::registry::{Controller, ControllerConfig, Registry};
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())
+}
+
+/// `volley controller --listen ADDR`: a standalone registry until Ctrl-C.
+pub fn serve(listen: &str) -> Result<(), String> {
+    runtime()?.block_on(async {
+        let controller = Controller::new(ControllerConfig::default());
+        let bound = controller.listen(listen).await.map_err(|e| e.to_string())?;
+        eprintln!("registry controller on {bound} (Ctrl-C to stop)");
+        // Scripts read the bound address (with the real port for tcp://HOST:0) from stdout.
+        println!("{bound}");
+        tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
+        eprintln!("shutting down");
+        controller.shutdown().await;
+        Ok(())
+    })
+}
+
+/// `volley ls --registry ADDR [--json]`: services and instances.
+pub fn ls(registry: &str, json: bool) -> Result<(), String> {
+    runtime()?.block_on(async {
+        let r = Registry::connect(registry).await.map_err(|e| format!("registry {registry}: {e}"))?;
+        let listing = r.list().await.map_err(|e| e.to_string())?;
+        if json {
+            let services: Vec<serde_json::Value> = listing
+                .services
+                .iter()
+                .map(|s| {
+                    let instances: Vec<serde_json::Value> = s
+                        .instances
+                        .iter()
+                        .map(|i| {
+                            serde_json::json!({
+                                "id": i.instance.id,
+                                "address": i.instance.address,
+                                "weight": i.instance.weight,
+                                "metadata": i.instance.metadata,
+                                "lease": i.instance.lease,
+                                "lease_ttl_ms": i.lease_ttl_ms,
+                                "expires_in_ms": i.expires_in_ms,
+                            })
+                        })
+                        .collect();
+                    serde_json::json!({ "name": s.name, "revision": s.revision, "instances": instances })
+                })
+                .collect();
+            let out = serde_json::json!({
+                "registry": registry,
+                "epoch": listing.epoch,
+                "revision": listing.revision,
+                "settling": listing.settling,
+                "services": services,
+            });
+            println!("{out}");
+        } else {
+            let settling =
+                if listing.settling { " (settling: servers may still be registering)" } else { "" };
+            println!("registry {registry}, revision {}{settling}", listing.revision);
+            if listing.services.iter().all(|s| s.instances.is_empty()) {
+                println!("  no instances");
+            }
+            for s in listing.services.iter().filter(|s| !s.instances.is_empty()) {
+                let n = s.instances.len();
+                println!("{} ({n} instance{})", s.name, if n == 1 { "" } else { "s" });
+                for i in &s.instances {
+                    let meta: Vec<String> =
+                        i.instance.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    println!(
+                        "  {:<28} weight {:<3} lease expires in {:>6} ms  {}",
+                        i.instance.address,
+                        i.instance.weight,
+                        i.expires_in_ms,
+                        meta.join(" ")
+                    );
+                }
+            }
+        }
+        Ok(())
+    })
+}

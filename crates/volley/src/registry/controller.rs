@@ -1,0 +1,441 @@
+//! The controller: a Volley [`Server`] that serves the registry protocol (service
+//! `volley.registry`) over a [`Store`], expires leases, and relays calls in relayed mode.
+//!
+//! Run it embedded (the default: [`embedded`](super::embedded) starts one on
+//! [`DEFAULT_REGISTRY`](super::DEFAULT_REGISTRY) the first time something in the process needs
+//! it) or standalone (`volley controller --listen ADDR`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tokio::sync::{OnceCell, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::pool::{Balance, Pool, PoolConfig, PoolStats, Route};
+use super::store::{MemoryStore, Store, StoreError};
+use super::wire::*;
+use crate::client::{CallOptions, ClientConfig};
+use crate::error::{Error, Status};
+use crate::proto::Code;
+use crate::server::Server;
+use crate::stats::Snapshot;
+use crate::transport::Address;
+
+/// Controller settings.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// How often lapsed leases are looked for (lease expiry is this precise).
+    pub expiry_tick: Duration,
+    /// Bounds on the lease time a server may ask for.
+    pub min_ttl: Duration,
+    pub max_ttl: Duration,
+    /// Longest a watch may be held before it is answered unchanged.
+    pub max_watch: Duration,
+    /// After a start over a store that is not durable, how long the controller reports that
+    /// it is *settling* (servers are registering again). Should be at least the lease time
+    /// servers use, so every live server has renewed — and found its lease gone — by then.
+    pub settle: Duration,
+    /// Balancing policy of relayed calls.
+    pub relay_balance: Balance,
+    /// Connections from the relay to instances (timeouts; the client id is allocated).
+    pub relay_client: ClientConfig,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            expiry_tick: Duration::from_millis(100),
+            min_ttl: Duration::from_millis(50),
+            max_ttl: Duration::from_secs(300),
+            max_watch: Duration::from_secs(60),
+            settle: super::DEFAULT_TTL,
+            relay_balance: Balance::LeastOutstanding,
+            relay_client: ClientConfig::default(),
+        }
+    }
+}
+
+/// Counters of a controller, readable at runtime.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ControllerStats {
+    /// The registry server's connections (all clients and servers together).
+    pub server: Snapshot,
+    /// The relay's connections to instances.
+    pub relay: Snapshot,
+    pub resolves: u64,
+    pub watches: u64,
+    pub relayed_calls: u64,
+    pub relay_failovers: u64,
+}
+
+/// A running controller. Cheap to clone.
+#[derive(Clone)]
+pub struct Controller {
+    server: Server,
+    state: Arc<State>,
+}
+
+struct State {
+    store: Arc<dyn Store>,
+    epoch: u64,
+    started: Instant,
+    config: ControllerConfig,
+    stop: CancellationToken,
+    expiry_started: AtomicBool,
+    resolves: AtomicU64,
+    watches: AtomicU64,
+    relay: Relay,
+}
+
+impl Controller {
+    /// A controller over a fresh [`MemoryStore`]. Call [`listen`](Self::listen) to serve.
+    pub fn new(config: ControllerConfig) -> Controller {
+        Controller::with_store(Arc::new(MemoryStore::new()), config)
+    }
+
+    /// A controller over the given store.
+    pub fn with_store(store: Arc<dyn Store>, config: ControllerConfig) -> Controller {
+        let rev = store.subscribe();
+        let state = Arc::new(State {
+            epoch: fastrand::u64(1..),
+            started: Instant::now(),
+            stop: CancellationToken::new(),
+            expiry_started: AtomicBool::new(false),
+            resolves: AtomicU64::new(0),
+            watches: AtomicU64::new(0),
+            relay: Relay::new(&config, rev),
+            store,
+            config,
+        });
+        Controller { server: build_server(&state), state }
+    }
+
+    /// Starts serving on `addr` (any Volley address); returns the address bound.
+    pub async fn listen(&self, addr: &str) -> Result<Address, Error> {
+        let bound = self.server.listen(addr).await?;
+        if !self.state.expiry_started.swap(true, Relaxed) {
+            let st = self.state.clone();
+            self.server.spawn_tracked(async move { st.expire_loop().await });
+        }
+        Ok(bound)
+    }
+
+    /// Stops: answers pending watches at once, finishes what is in flight, closes. Servers keep
+    /// their registrations in their own memory and register again with the next controller.
+    pub async fn shutdown(&self) {
+        self.state.stop.cancel();
+        self.server.shutdown().await;
+        self.state.relay.pools.lock().clear();
+    }
+
+    /// Whether the controller is serving (not shut down).
+    pub fn is_serving(&self) -> bool {
+        !self.state.stop.is_cancelled()
+    }
+
+    /// Changes whenever a controller starts over a store that is not durable.
+    pub fn epoch(&self) -> u64 {
+        self.state.epoch
+    }
+
+    pub fn addresses(&self) -> Vec<Address> {
+        self.server.addresses()
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.state.store
+    }
+
+    pub fn stats(&self) -> ControllerStats {
+        let relay = &self.state.relay;
+        let mut relay_transport = relay.stats.retired();
+        for p in relay.pools.lock().values() {
+            super::pool::add_snapshot(&mut relay_transport, &p.pool.counters());
+        }
+        ControllerStats {
+            server: self.server.counters(),
+            relay: relay_transport,
+            resolves: self.state.resolves.load(Relaxed),
+            watches: self.state.watches.load(Relaxed),
+            relayed_calls: relay.calls.load(Relaxed),
+            relay_failovers: relay.stats.failovers.load(Relaxed),
+        }
+    }
+}
+
+fn build_server(st: &Arc<State>) -> Server {
+    macro_rules! with_state {
+        ($f:expr) => {{
+            let st = st.clone();
+            move |req| {
+                let st = st.clone();
+                async move { $f(st, req).await }
+            }
+        }};
+    }
+    Server::builder()
+        .handle(&REGISTER, with_state!(register))
+        .handle(&RENEW, with_state!(renew))
+        .handle(&DEREGISTER, with_state!(deregister))
+        .handle(&RESOLVE, with_state!(resolve))
+        .handle(&WATCH, with_state!(watch_service))
+        .handle(&ALLOC_CLIENT_ID, with_state!(alloc_client_id))
+        .handle(&RELEASE_CLIENT_ID, with_state!(release_client_id))
+        .handle(&LIST, with_state!(list))
+        .handle(&RELAY, with_state!(relay))
+        .build()
+}
+
+fn status(e: StoreError) -> Status {
+    let code = match e {
+        StoreError::UnknownLease(_) => Code::Application,
+        StoreError::ClientIdsExhausted(_) => Code::Overloaded,
+        StoreError::Invalid(_) => Code::BadRequest,
+        StoreError::Backend(_) => Code::Internal,
+    };
+    Status::new(code, e.to_string())
+}
+
+impl State {
+    fn settling(&self) -> bool {
+        !self.store.durable() && self.started.elapsed() < self.config.settle
+    }
+
+    async fn resolved(&self, service: &str) -> Result<Resolved, Status> {
+        let s = self.store.resolve(service).await.map_err(status)?;
+        Ok(Resolved {
+            service: service.to_string(),
+            epoch: self.epoch,
+            revision: s.revision,
+            known: s.known,
+            settling: self.settling(),
+            instances: s.instances,
+        })
+    }
+
+    async fn expire_loop(&self) {
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(self.config.expiry_tick) => {}
+            }
+            if let Err(e) = self.store.expire().await {
+                tracing::warn!(error = %e, "lease expiry failed");
+            }
+        }
+    }
+
+    fn ttl(&self, ttl_ms: u64) -> Duration {
+        Duration::from_millis(ttl_ms).clamp(self.config.min_ttl, self.config.max_ttl)
+    }
+}
+
+async fn register(st: Arc<State>, r: RegisterRequest) -> Result<Registered, Status> {
+    let (lease, ttl) = if r.lease == 0 {
+        let ttl = st.ttl(r.ttl_ms);
+        (st.store.grant(ttl).await.map_err(status)?, ttl)
+    } else {
+        (r.lease, st.store.renew(r.lease).await.map_err(status)?)
+    };
+    match st.store.register(lease, &r.instances).await {
+        Ok(instance_ids) => {
+            tracing::info!(lease, instances = ?r.instances.iter().map(|i| format!("{}@{}", i.service, i.address)).collect::<Vec<_>>(), "registered");
+            Ok(Registered { lease, ttl_ms: ttl.as_millis() as u64, instance_ids, epoch: st.epoch })
+        }
+        Err(e) => {
+            if r.lease == 0 {
+                let _ = st.store.revoke(lease).await;
+            }
+            Err(status(e))
+        }
+    }
+}
+
+async fn renew(st: Arc<State>, lease: u64) -> Result<Renewed, Status> {
+    match st.store.renew(lease).await {
+        Ok(ttl) => Ok(Renewed { known: true, ttl_ms: ttl.as_millis() as u64 }),
+        Err(StoreError::UnknownLease(_)) => Ok(Renewed { known: false, ttl_ms: 0 }),
+        Err(e) => Err(status(e)),
+    }
+}
+
+async fn deregister(st: Arc<State>, lease: u64) -> Result<u32, Status> {
+    match st.store.revoke(lease).await {
+        Ok(n) => {
+            tracing::info!(lease, instances = n, "deregistered");
+            Ok(n as u32)
+        }
+        Err(StoreError::UnknownLease(_)) => Ok(0),
+        Err(e) => Err(status(e)),
+    }
+}
+
+async fn resolve(st: Arc<State>, service: String) -> Result<Resolved, Status> {
+    st.resolves.fetch_add(1, Relaxed);
+    st.resolved(&service).await
+}
+
+/// The long poll: answers as soon as the service changes after the caller's revision (or at
+/// once if the caller's revision is from another epoch), else at the timeout. While settling,
+/// it answers no later than the moment settling ends, so clients learn the settled list.
+async fn watch_service(st: Arc<State>, w: WatchRequest) -> Result<Resolved, Status> {
+    st.watches.fetch_add(1, Relaxed);
+    if w.client_id != 0 {
+        let _ = st.store.claim_client_id(w.client_id).await;
+    }
+    // Subscribe before reading, so a change between the read and the wait is not missed.
+    let mut changes: watch::Receiver<u64> = st.store.subscribe();
+    let mut deadline = Instant::now() + Duration::from_millis(w.timeout_ms).min(st.config.max_watch);
+    if st.settling() {
+        deadline = deadline.min(st.started + st.config.settle);
+    }
+    loop {
+        let r = st.resolved(&w.service).await?;
+        if w.epoch != st.epoch || r.revision > w.from_revision {
+            return Ok(r);
+        }
+        tokio::select! {
+            biased;
+            _ = st.stop.cancelled() => return Ok(r),
+            changed = changes.changed() => if changed.is_err() { return Ok(r) },
+            _ = tokio::time::sleep_until(deadline) => return st.resolved(&w.service).await,
+        }
+    }
+}
+
+async fn alloc_client_id(st: Arc<State>, _: ()) -> Result<u32, Status> {
+    st.store.alloc_client_id().await.map_err(status)
+}
+
+async fn release_client_id(st: Arc<State>, id: u32) -> Result<bool, Status> {
+    st.store.release_client_id(id).await.map_err(status)
+}
+
+async fn list(st: Arc<State>, _: ()) -> Result<Listing, Status> {
+    let services = st.store.list().await.map_err(status)?;
+    Ok(Listing {
+        epoch: st.epoch,
+        revision: *st.store.subscribe().borrow(),
+        settling: st.settling(),
+        services,
+    })
+}
+
+async fn relay(st: Arc<State>, r: RelayRequest) -> Result<RelayReply, Status> {
+    st.relay.calls.fetch_add(1, Relaxed);
+    Ok(st.relay.forward(&st, r).await.into())
+}
+
+/// Relayed mode: the controller's own connections to instances, one pool per service, kept in
+/// step with the store.
+struct Relay {
+    pools: Mutex<FxHashMap<String, Arc<RelayPool>>>,
+    stats: Arc<PoolStats>,
+    /// The relay's connections use one client id from the store, allocated on first use.
+    client: OnceCell<ClientConfig>,
+    base: ClientConfig,
+    balance: Balance,
+    revision: watch::Receiver<u64>,
+    calls: AtomicU64,
+}
+
+struct RelayPool {
+    pool: Arc<Pool>,
+    /// 1 + the store revision the pool was last refreshed at (0: never).
+    seen: AtomicU64,
+}
+
+impl Relay {
+    fn new(config: &ControllerConfig, revision: watch::Receiver<u64>) -> Relay {
+        Relay {
+            pools: Mutex::new(FxHashMap::default()),
+            stats: Arc::default(),
+            client: OnceCell::new(),
+            base: config.relay_client.clone(),
+            balance: config.relay_balance,
+            revision,
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    async fn forward(&self, st: &State, r: RelayRequest) -> Result<bytes::Bytes, Error> {
+        let pool = self.pool(st, &r.service).await?;
+        let route = match r.target {
+            Target::Any => Route::Balanced,
+            Target::Key(h) => Route::Key(h),
+            Target::Address(a) => Route::Address(a),
+        };
+        let timeout = match r.timeout_ms {
+            0 => self.base.timeout,
+            ms => Duration::from_millis(ms as u64),
+        };
+        let opts = CallOptions { timeout: Some(timeout), idempotent: r.idempotent };
+        let (service, method, payload) = (&r.service, &r.method, &r.payload);
+        pool.call(&route, r.idempotent, |client| {
+            let payload = payload.clone();
+            async move { client.call_raw(service, method, payload, opts).await }
+        })
+        .await
+    }
+
+    /// The pool of `service`, refreshed from the store if the store changed since. Services
+    /// the store never heard of get no pool (names in requests are not trusted to be bounded).
+    async fn pool(&self, st: &State, service: &str) -> Result<Arc<Pool>, Error> {
+        let now = *self.revision.borrow();
+        let existing = self.pools.lock().get(service).cloned();
+        if let Some(p) = &existing
+            && p.seen.load(Relaxed) > now
+        {
+            return Ok(p.pool.clone());
+        }
+        let s = st.store.resolve(service).await.map_err(|e| Error::Remote(status(e)))?;
+        if !s.known {
+            return Err(Error::UnknownService(service.to_string()));
+        }
+        let p = match existing {
+            Some(p) => p,
+            None => {
+                let config = PoolConfig {
+                    balance: self.balance,
+                    quarantine: Duration::from_secs(1),
+                    max_attempts: 3,
+                    client: self.client_config(st).await?,
+                    keep_last_good: false,
+                };
+                let fresh = Arc::new(RelayPool {
+                    pool: Arc::new(Pool::new(service.to_string(), config, self.stats.clone())),
+                    seen: AtomicU64::new(0),
+                });
+                self.pools.lock().entry(service.to_string()).or_insert(fresh).clone()
+            }
+        };
+        p.pool.apply(Resolved {
+            service: service.to_string(),
+            epoch: st.epoch,
+            revision: s.revision,
+            known: true,
+            settling: false,
+            instances: s.instances,
+        });
+        p.seen.fetch_max(now + 1, Relaxed);
+        Ok(p.pool.clone())
+    }
+
+    async fn client_config(&self, st: &State) -> Result<ClientConfig, Error> {
+        self.client
+            .get_or_try_init(|| async {
+                let id = st.store.alloc_client_id().await.map_err(|e| Error::Remote(status(e)))?;
+                Ok::<_, Error>(ClientConfig {
+                    client_id: Some(id),
+                    shared_sequence: Some(Default::default()),
+                    ..self.base.clone()
+                })
+            })
+            .await
+            .cloned()
+    }
+}

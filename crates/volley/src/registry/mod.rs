@@ -1,0 +1,79 @@
+//! The registry: a controller that maps service names to instances and hands out client ids,
+//! and the clients and servers that use it.
+//!
+//! - [`Controller`] — a Volley [`Server`](crate::Server) serving the registry protocol
+//!   ([`wire`]): leases, instances by service, watches (long polls), client ids, and the relay
+//!   of relayed mode, over a [`Store`] ([`MemoryStore`] now; the trait leaves room for etcd).
+//!   Embedded by default ([`DEFAULT_REGISTRY`], started on first use) or standalone
+//!   (`volley controller --listen ADDR`).
+//! - [`Registry`] — a connection to a controller; [`Registry::register`] puts a server's
+//!   instances under a lease that a task renews (and rebuilds after a controller restart) and
+//!   revokes when the server shuts down.
+//! - [`ServiceClient`] — calls services by name. **Direct mode** (default): resolve once, cache,
+//!   follow changes by watch, call instances directly, balance (round-robin or
+//!   least-outstanding), route keyed calls on a consistent-hash ring, leave out instances that
+//!   stop answering and fail idempotent calls over, keep calling from the cache while the
+//!   registry is down. **Relayed mode**: every call goes through the controller.
+//!   Scatter-gather calls every instance.
+//!
+//! `docs/ARCHITECTURE.md` (Registry) explains the design; `docs/PROTOCOL.md` §16 specifies the
+//! methods and messages.
+
+mod control;
+mod controller;
+mod hash;
+mod pool;
+mod registration;
+mod service_client;
+mod store;
+pub mod wire;
+
+use std::time::Duration;
+
+pub use control::{Registry, RegistryStats};
+pub use controller::{Controller, ControllerConfig, ControllerStats};
+pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash};
+pub use pool::Balance;
+pub use registration::{LeaseConfig, Registration};
+pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig, merge_sorted};
+pub use store::{MemoryStore, ServiceState, Store, StoreError};
+pub use wire::{Instance, InstanceSpec, Listing, Resolved};
+
+use crate::error::Error;
+
+/// Where the embedded controller listens: a process needs no other registry when every role
+/// lives in it.
+pub const DEFAULT_REGISTRY: &str = "inproc://volley-registry";
+
+/// Default lease time. Servers renew every third of it; a crashed server disappears from the
+/// registry within it.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+static EMBEDDED: tokio::sync::Mutex<Option<Controller>> = tokio::sync::Mutex::const_new(None);
+
+/// The process's embedded controller on [`DEFAULT_REGISTRY`], started if it is not running.
+///
+/// It runs on the runtime that first needed it. If the application serves
+/// [`DEFAULT_REGISTRY`] with a controller of its own, that one is used and this returns
+/// `Ok(None)`.
+pub async fn embedded() -> Result<Option<Controller>, Error> {
+    let mut slot = EMBEDDED.lock().await;
+    if let Some(c) = slot.as_ref().filter(|c| c.is_serving()) {
+        return Ok(Some(c.clone()));
+    }
+    let name = DEFAULT_REGISTRY.trim_start_matches("inproc://");
+    if crate::transport::inproc::lookup(name).is_some() {
+        return Ok(None);
+    }
+    // No settling: an embedded controller restarts only with its process, and with it every
+    // server that could have been registered, so there is nothing to wait for.
+    let c = Controller::new(ControllerConfig { settle: Duration::ZERO, ..ControllerConfig::default() });
+    c.listen(DEFAULT_REGISTRY).await?;
+    tracing::debug!("started the embedded registry on {DEFAULT_REGISTRY}");
+    *slot = Some(c.clone());
+    Ok(Some(c))
+}
+
+pub(crate) async fn ensure_embedded() -> Result<(), Error> {
+    embedded().await.map(|_| ())
+}

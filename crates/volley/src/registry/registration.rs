@@ -1,0 +1,187 @@
+//! The server side: registering instances under a lease and keeping it alive.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::control::Registry;
+use super::wire::{InstanceSpec, RegisterRequest, Registered};
+use crate::error::Error;
+use crate::server::Server;
+
+/// Lease settings of a registration.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// How long the registry keeps the instances listed without a renewal.
+    pub ttl: Duration,
+    /// How often the lease is renewed (default: a third of `ttl`, so two renewals may be lost
+    /// before the lease lapses).
+    pub renew_every: Option<Duration>,
+    /// How soon a failed renewal (registry unreachable) is tried again (default: a tenth of
+    /// `ttl`, at least 20 ms).
+    pub retry_every: Option<Duration>,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig { ttl: super::DEFAULT_TTL, renew_every: None, retry_every: None }
+    }
+}
+
+impl LeaseConfig {
+    pub fn ttl(ttl: Duration) -> LeaseConfig {
+        LeaseConfig { ttl, ..LeaseConfig::default() }
+    }
+
+    fn renew_every(&self) -> Duration {
+        self.renew_every.unwrap_or(self.ttl / 3).max(Duration::from_millis(1))
+    }
+
+    fn retry_every(&self) -> Duration {
+        self.retry_every.unwrap_or((self.ttl / 10).max(Duration::from_millis(20))).min(self.renew_every())
+    }
+}
+
+/// A live registration: the lease that keeps a server's instances listed.
+///
+/// A task on the server renews the lease. If the registry does not know the lease any more
+/// (it lapsed, or the controller restarted and lost its state) the task registers the
+/// instances again under a new lease; if the registry is unreachable it keeps trying. When
+/// the server shuts down, or [`deregister`](Self::deregister) is called, the lease is revoked
+/// at once, so clients stop sending before the server stops answering; the server's
+/// [`shutdown`](Server::shutdown) waits for that. Dropping this handle changes nothing: the
+/// registration lives as long as the server.
+#[derive(Clone)]
+pub struct Registration {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    lease: AtomicU64,
+    instance_ids: Mutex<Vec<u64>>,
+    registrations: AtomicU64,
+    renewals: AtomicU64,
+    stop: CancellationToken,
+    done: CancellationToken,
+}
+
+impl Registration {
+    /// The current lease id (changes when the instances are registered again).
+    pub fn lease(&self) -> u64 {
+        self.shared.lease.load(Relaxed)
+    }
+
+    /// The registry's ids of the instances, in registration order.
+    pub fn instance_ids(&self) -> Vec<u64> {
+        self.shared.instance_ids.lock().clone()
+    }
+
+    /// How many times the instances were registered: 1, plus one for each time they had to be
+    /// registered again (after a controller restart or a lapsed lease).
+    pub fn registrations(&self) -> u64 {
+        self.shared.registrations.load(Relaxed)
+    }
+
+    /// Successful renewals so far.
+    pub fn renewals(&self) -> u64 {
+        self.shared.renewals.load(Relaxed)
+    }
+
+    /// Stops renewing and removes the instances from the registry now (the server keeps
+    /// running). Returns when the registry has answered, or after a second.
+    pub async fn deregister(&self) {
+        self.shared.stop.cancel();
+        self.shared.done.cancelled().await;
+    }
+}
+
+impl Registry {
+    /// Registers `instances` (services the server offers, at the addresses clients should use)
+    /// under one lease, and keeps the lease alive for as long as `server` runs.
+    pub async fn register(
+        &self,
+        server: &Server,
+        instances: Vec<InstanceSpec>,
+        lease: LeaseConfig,
+    ) -> Result<Registration, Error> {
+        if instances.is_empty() {
+            return Err(Error::Usage("register needs at least one instance".into()));
+        }
+        let first = register_once(self, &instances, &lease).await?;
+        let shared = Arc::new(Shared {
+            lease: AtomicU64::new(first.lease),
+            instance_ids: Mutex::new(first.instance_ids),
+            registrations: AtomicU64::new(1),
+            renewals: AtomicU64::new(0),
+            stop: CancellationToken::new(),
+            done: CancellationToken::new(),
+        });
+        let keeper = keep_alive(self.clone(), shared.clone(), instances, lease, server.shutdown_token());
+        server.spawn_tracked(keeper);
+        Ok(Registration { shared })
+    }
+}
+
+async fn register_once(
+    registry: &Registry,
+    instances: &[InstanceSpec],
+    lease: &LeaseConfig,
+) -> Result<Registered, Error> {
+    let req =
+        RegisterRequest { lease: 0, ttl_ms: lease.ttl.as_millis() as u64, instances: instances.to_vec() };
+    registry.register_raw(req, lease.renew_every()).await
+}
+
+async fn keep_alive(
+    registry: Registry,
+    shared: Arc<Shared>,
+    instances: Vec<InstanceSpec>,
+    lease: LeaseConfig,
+    server_shutdown: CancellationToken,
+) {
+    let (renew_every, retry_every) = (lease.renew_every(), lease.retry_every());
+    let mut wait = renew_every;
+    loop {
+        tokio::select! {
+            biased;
+            _ = server_shutdown.cancelled() => break,
+            _ = shared.stop.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let id = shared.lease.load(Relaxed);
+        wait = match registry.renew(id, renew_every).await {
+            Ok(r) if r.known => {
+                shared.renewals.fetch_add(1, Relaxed);
+                renew_every
+            }
+            Ok(_) => match register_once(&registry, &instances, &lease).await {
+                Ok(r) => {
+                    tracing::info!(old = id, new = r.lease, "registry lost the lease; registered again");
+                    shared.lease.store(r.lease, Relaxed);
+                    *shared.instance_ids.lock() = r.instance_ids;
+                    shared.registrations.fetch_add(1, Relaxed);
+                    renew_every
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "registering again failed; will retry");
+                    retry_every
+                }
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "lease renewal failed; will retry");
+                retry_every
+            }
+        };
+    }
+    // Deregister at once: clients learn of it through their watches while this server is still
+    // answering what it already received.
+    let id = shared.lease.load(Relaxed);
+    match registry.deregister(id, Duration::from_secs(1)).await {
+        Ok(n) => tracing::debug!(lease = id, instances = n, "deregistered"),
+        Err(e) => tracing::debug!(lease = id, error = %e, "deregistering failed; the lease will lapse"),
+    }
+    shared.done.cancel();
+}

@@ -1,0 +1,571 @@
+//! [`ServiceClient`]: calls services by name through a registry, in direct or relayed mode.
+
+use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use super::control::Registry;
+use super::hash::hash_key;
+use super::pool::{Balance, Pool, PoolConfig, PoolStats, Route, add_snapshot};
+use super::wire::{Instance, RelayRequest, Target, WatchRequest};
+use crate::client::{BatchOptions, CallOptions, ClientConfig};
+use crate::codec::Wire;
+use crate::error::Error;
+use crate::method::Method;
+use crate::stats::Snapshot;
+
+/// How a [`ServiceClient`] reaches instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Resolve a service once, cache its instances (kept fresh by a watch), call instances
+    /// directly: two messages per call, no registry traffic per call.
+    #[default]
+    Direct,
+    /// Send every call to the controller, which forwards it to an instance and relays the
+    /// reply (the seed's "normal" mode): four messages per call. For clients that cannot
+    /// reach the servers, and to measure direct mode against.
+    Relayed,
+}
+
+/// Settings of a [`ServiceClient`].
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    pub mode: Mode,
+    /// How calls without a key pick an instance.
+    pub balance: Balance,
+    /// Connection settings (timeouts, limits) for the registry and every instance. The client
+    /// id and sequence are the registry's.
+    pub client: ClientConfig,
+    /// How long the controller may hold one watch (long poll) before answering "no change".
+    pub watch_timeout: Duration,
+    /// How long an instance that stopped answering is left out before it is tried again (if
+    /// the registry still lists it).
+    pub quarantine: Duration,
+    /// Most instances one call tries.
+    pub max_attempts: usize,
+    /// Longest pause between watch attempts while the registry is unreachable.
+    pub max_backoff: Duration,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            mode: Mode::Direct,
+            balance: Balance::RoundRobin,
+            client: ClientConfig::default(),
+            watch_timeout: Duration::from_secs(30),
+            quarantine: Duration::from_secs(5),
+            max_attempts: 3,
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Counters of a [`ServiceClient`], readable at runtime.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ServiceClientStats {
+    pub mode: Mode,
+    pub client_id: u32,
+    /// Calls made (each instance of a scatter-gather counts).
+    pub calls: u64,
+    /// Idempotent calls retried on another instance after their connection failed.
+    pub failovers: u64,
+    /// Times an instance was left out for not answering.
+    pub instances_dropped: u64,
+    /// Registry look-ups (`resolve`): one per service in direct mode.
+    pub lookups: u64,
+    /// Watch long polls issued.
+    pub watches: u64,
+    /// Messages sent to the controller (in relayed mode: every call).
+    pub registry_messages_sent: u64,
+    /// Messages received from the controller.
+    pub registry_messages_received: u64,
+    /// Transport counters of the connection to the controller.
+    pub registry_transport: Snapshot,
+    /// Transport counters of the connections to instances (direct mode).
+    pub instance_transport: Snapshot,
+}
+
+impl ServiceClientStats {
+    /// Messages sent to and received from the controller.
+    pub fn registry_messages(&self) -> u64 {
+        self.registry_messages_sent + self.registry_messages_received
+    }
+
+    /// Transport counters of all connections together.
+    pub fn transport(&self) -> Snapshot {
+        let mut s = self.registry_transport;
+        add_snapshot(&mut s, &self.instance_transport);
+        s
+    }
+}
+
+/// One instance's answer in a scatter-gather.
+#[derive(Debug)]
+pub struct Gathered<Resp> {
+    pub instance: Instance,
+    pub result: Result<Resp, Error>,
+}
+
+/// Calls services by name: finds their instances through a registry, balances calls over
+/// them, routes keyed calls by consistent hashing, fails idempotent calls over, and gathers
+/// from every instance. Cheap to clone; clones share connections, caches and counters.
+///
+/// ```
+/// use volley::registry::{InstanceSpec, LeaseConfig, Registry, DEFAULT_REGISTRY};
+/// use volley::{Method, Server, ServiceClient};
+///
+/// const SAY: Method<String, String> = Method::new("greeter", "say");
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> volley::Result<()> {
+/// // A server registers with the embedded registry (started on first use)...
+/// let server = Server::builder().handle(&SAY, |s: String| async move { Ok(format!("hi {s}")) }).build();
+/// let addr = server.listen("inproc://doc-greeter").await?;
+/// let registry = Registry::connect(DEFAULT_REGISTRY).await?;
+/// registry.register(&server, vec![InstanceSpec::new("greeter", addr.to_string())], LeaseConfig::default()).await?;
+///
+/// // ...and a client finds it by service name.
+/// let client = ServiceClient::connect(DEFAULT_REGISTRY).await?;
+/// assert_eq!(client.call(&SAY, "bo".to_string()).await?, "hi bo");
+/// server.shutdown().await; // deregisters at once
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ServiceClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    config: ServiceConfig,
+    /// Services already resolved: read without a lock on every call.
+    pools: ArcSwap<FxHashMap<String, Arc<Pool>>>,
+    /// Services being resolved for the first time (one look-up per service, however many
+    /// callers ask at once).
+    resolving: Mutex<FxHashMap<String, Arc<OnceCell<Arc<Pool>>>>>,
+    pool_stats: Arc<PoolStats>,
+    calls: AtomicU64,
+    /// Ends the watch tasks when the client goes.
+    stop: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl ServiceClient {
+    /// Connects to the registry at `addr` in direct mode. For
+    /// [`DEFAULT_REGISTRY`](super::DEFAULT_REGISTRY) the embedded controller is started if
+    /// nothing serves it yet.
+    pub async fn connect(registry: &str) -> Result<ServiceClient, Error> {
+        ServiceClient::connect_with(registry, ServiceConfig::default()).await
+    }
+
+    pub async fn connect_with(registry: &str, config: ServiceConfig) -> Result<ServiceClient, Error> {
+        let registry = Registry::connect_with(registry, config.client.clone()).await?;
+        Ok(ServiceClient::with_registry(registry, config))
+    }
+
+    /// A client over an existing registry connection (it shares the client id).
+    pub fn with_registry(registry: Registry, config: ServiceConfig) -> ServiceClient {
+        ServiceClient {
+            inner: Arc::new(Inner {
+                registry,
+                config,
+                pools: ArcSwap::default(),
+                resolving: Mutex::default(),
+                pool_stats: Arc::default(),
+                calls: AtomicU64::new(0),
+                stop: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Calls `m` on an instance of its service.
+    pub async fn call<Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+    ) -> Result<Resp, Error> {
+        self.route_call(m, req, CallOptions::default(), Route::Balanced).await
+    }
+
+    /// Calls with per-call options. A call marked [`idempotent`](CallOptions::idempotent)
+    /// whose instance fails during the call is retried on another instance (the request is
+    /// cloned per attempt); any other call ends with the connection error.
+    pub async fn call_with<Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        opts: CallOptions,
+    ) -> Result<Resp, Error> {
+        self.route_call(m, req, opts, Route::Balanced).await
+    }
+
+    /// The batch API through the registry: the requests are cut into chunks, and every chunk
+    /// goes to an instance chosen by the balancing policy, so a batch spreads over the
+    /// service's instances; results come back in input order, one per request. In relayed mode
+    /// each request is relayed on its own (the controller forwards single calls).
+    pub async fn call_batch<Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        reqs: impl IntoIterator<Item = Req>,
+    ) -> Vec<Result<Resp, Error>> {
+        self.call_batch_with(m, reqs, BatchOptions::default()).await
+    }
+
+    pub async fn call_batch_with<Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        reqs: impl IntoIterator<Item = Req>,
+        opts: BatchOptions,
+    ) -> Vec<Result<Resp, Error>> {
+        let reqs: Vec<Req> = reqs.into_iter().collect();
+        let n = reqs.len();
+        if self.inner.config.mode == Mode::Relayed {
+            let call_opts = CallOptions { timeout: opts.timeout, idempotent: opts.idempotent };
+            let calls = reqs.into_iter().map(|r| self.route_call(m, r, call_opts, Route::Balanced));
+            return futures_util::future::join_all(calls).await;
+        }
+        let pool = match self.pool(m.service()).await {
+            Ok(pool) => pool,
+            Err(e) => return (0..n).map(|_| Err(e.clone())).collect(),
+        };
+        self.inner.calls.fetch_add(1, Relaxed);
+        let size = opts.chunk_size.max(1);
+        let mut chunks: Vec<Vec<Req>> = Vec::with_capacity(n.div_ceil(size));
+        let mut rest = reqs.into_iter();
+        loop {
+            let chunk: Vec<Req> = rest.by_ref().take(size).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            chunks.push(chunk);
+        }
+        let sends = chunks.into_iter().map(|chunk| {
+            let pool = pool.clone();
+            async move {
+                let len = chunk.len();
+                let mut slot = Some(chunk);
+                // The pool connects before it calls `attempt`, and retries (another instance)
+                // only on a failed connect, so the chunk is sent at most once.
+                let sent = pool
+                    .call(&Route::Balanced, false, |client| {
+                        let chunk = slot.take();
+                        async move {
+                            match chunk {
+                                Some(chunk) => {
+                                    Ok(client.call_batch_with(m, chunk, opts.chunk_size(len)).await)
+                                }
+                                None => Err(Error::Usage("a batch chunk was attempted twice".into())),
+                            }
+                        }
+                    })
+                    .await;
+                sent.unwrap_or_else(|e| (0..len).map(|_| Err(e.clone())).collect())
+            }
+        });
+        futures_util::future::join_all(sends).await.into_iter().flatten().collect()
+    }
+
+    /// Calls the instance that owns `key` on the service's consistent-hash ring. The key is
+    /// hashed over its encoded form ([`hash_key`]), so a key keeps its instance while the set
+    /// of instances is stable, and only about 1/N of keys move when one joins or leaves.
+    pub async fn call_keyed<K: Wire, Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        key: &K,
+        req: Req,
+    ) -> Result<Resp, Error> {
+        self.call_keyed_with(m, key, req, CallOptions::default()).await
+    }
+
+    pub async fn call_keyed_with<K: Wire, Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        key: &K,
+        req: Req,
+        opts: CallOptions,
+    ) -> Result<Resp, Error> {
+        self.route_call(m, req, opts, Route::Key(hash_key(key)?)).await
+    }
+
+    /// Scatter-gather: calls `m` on every instance of its service at once and gathers each
+    /// instance's result or error, in the registry's order. Fails only if the service has no
+    /// instance at all.
+    pub async fn scatter<Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+    ) -> Result<Vec<Gathered<Resp>>, Error> {
+        self.scatter_with(m, req, CallOptions::default()).await
+    }
+
+    pub async fn scatter_with<Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        opts: CallOptions,
+    ) -> Result<Vec<Gathered<Resp>>, Error> {
+        let instances = self.instances(m.service()).await?;
+        let calls = instances.into_iter().map(|instance| {
+            let (req, route) = (req.clone(), Route::Address(instance.address.clone()));
+            async move { Gathered { result: self.route_call(m, req, opts, route).await, instance } }
+        });
+        Ok(futures_util::future::join_all(calls).await)
+    }
+
+    /// Scatter-gather with a merge of the gathered results (see [`merge_sorted`] for merging
+    /// sorted top-k lists).
+    pub async fn scatter_merge<Req: Wire + Clone, Resp: Wire, T>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        merge: impl FnOnce(Vec<Gathered<Resp>>) -> T,
+    ) -> Result<T, Error> {
+        Ok(merge(self.scatter(m, req).await?))
+    }
+
+    /// The instances of `service`: in direct mode from the cache (resolving on first use), in
+    /// relayed mode by a look-up. Fails with [`Error::UnknownService`] or
+    /// [`Error::NoInstances`] if there are none.
+    pub async fn instances(&self, service: &str) -> Result<Vec<Instance>, Error> {
+        let (known, instances) = match self.inner.config.mode {
+            Mode::Direct => {
+                let view = self.pool(service).await?.view();
+                (view.known, view.listed.iter().map(|e| e.instance()).collect::<Vec<_>>())
+            }
+            Mode::Relayed => {
+                let r = self.inner.registry.resolve(service).await?;
+                (r.known, r.instances)
+            }
+        };
+        match (instances.is_empty(), known) {
+            (false, _) => Ok(instances),
+            (true, true) => Err(Error::NoInstances { service: service.to_string() }),
+            (true, false) => Err(Error::UnknownService(service.to_string())),
+        }
+    }
+
+    /// What the direct-mode cache holds for `service` now, without any look-up (`None` if it
+    /// was never resolved).
+    pub fn cached_instances(&self, service: &str) -> Option<Vec<Instance>> {
+        let pools = self.inner.pools.load();
+        let pool = pools.get(service)?;
+        Some(pool.view().listed.iter().map(|e| e.instance()).collect())
+    }
+
+    /// The client id the registry allocated (the upper half of every request id).
+    pub fn client_id(&self) -> u32 {
+        self.inner.registry.client_id()
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.inner.config.mode
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    pub fn stats(&self) -> ServiceClientStats {
+        let i = &self.inner;
+        let r = i.registry.stats();
+        let mut instance_transport = i.pool_stats.retired();
+        for p in i.pools.load().values() {
+            add_snapshot(&mut instance_transport, &p.counters());
+        }
+        ServiceClientStats {
+            mode: i.config.mode,
+            client_id: i.registry.client_id(),
+            calls: i.calls.load(Relaxed),
+            failovers: i.pool_stats.failovers.load(Relaxed),
+            instances_dropped: i.pool_stats.instances_dropped.load(Relaxed),
+            lookups: r.lookups,
+            watches: r.watches,
+            registry_messages_sent: r.messages_sent,
+            registry_messages_received: r.messages_received,
+            registry_transport: r.transport,
+            instance_transport,
+        }
+    }
+
+    async fn route_call<Req: Wire + Clone, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        opts: CallOptions,
+        route: Route,
+    ) -> Result<Resp, Error> {
+        self.inner.calls.fetch_add(1, Relaxed);
+        match self.inner.config.mode {
+            Mode::Direct => {
+                let pool = self.pool(m.service()).await?;
+                let idempotent = opts.idempotent;
+                let mut slot = Some(req);
+                pool.call(&route, idempotent, |client| {
+                    // Only idempotent calls are ever attempted twice, so only they clone.
+                    let req = if idempotent { slot.clone() } else { slot.take() };
+                    async move {
+                        match req {
+                            Some(req) => client.call_with(m, req, opts).await,
+                            None => Err(Error::Usage("a non-idempotent call was attempted twice".into())),
+                        }
+                    }
+                })
+                .await
+            }
+            Mode::Relayed => {
+                let mut payload = BytesMut::new();
+                req.encode(&mut payload).map_err(|e| Error::Encode(e.0))?;
+                let timeout = opts.timeout.unwrap_or(self.inner.config.client.timeout);
+                let target = match route {
+                    Route::Balanced => Target::Any,
+                    Route::Key(h) => Target::Key(h),
+                    Route::Address(a) => Target::Address(a),
+                };
+                let relay = RelayRequest {
+                    service: m.service().to_string(),
+                    method: m.name().to_string(),
+                    idempotent: opts.idempotent,
+                    target,
+                    timeout_ms: timeout.as_millis().min(u32::MAX as u128) as u32,
+                    payload: payload.freeze(),
+                };
+                let reply = self.inner.registry.relay(relay, timeout).await?.into_result()?;
+                Resp::decode(reply).map_err(|e| Error::Decode(e.0))
+            }
+        }
+    }
+
+    /// The pool of `service`, resolved (one look-up) and watched from first use on.
+    async fn pool(&self, service: &str) -> Result<Arc<Pool>, Error> {
+        if let Some(p) = self.inner.pools.load().get(service) {
+            return Ok(p.clone());
+        }
+        let cell = self.inner.resolving.lock().entry(service.to_string()).or_default().clone();
+        let pool = cell
+            .get_or_try_init(|| async {
+                let resolved = self.inner.registry.resolve(service).await?;
+                let config = PoolConfig {
+                    balance: self.inner.config.balance,
+                    quarantine: self.inner.config.quarantine,
+                    max_attempts: self.inner.config.max_attempts.max(1),
+                    client: self.inner.registry.client_config(&self.inner.config.client),
+                    keep_last_good: true,
+                };
+                let pool = Arc::new(Pool::new(service.to_string(), config, self.inner.pool_stats.clone()));
+                pool.apply(resolved);
+                tokio::spawn(watch_loop(
+                    Arc::downgrade(&pool),
+                    self.inner.registry.clone(),
+                    self.inner.stop.clone(),
+                    self.inner.config.watch_timeout,
+                    self.inner.config.max_backoff,
+                ));
+                self.inner.pools.rcu(|m| {
+                    let mut m = FxHashMap::clone(m);
+                    m.insert(service.to_string(), pool.clone());
+                    m
+                });
+                Ok::<_, Error>(pool)
+            })
+            .await?
+            .clone();
+        self.inner.resolving.lock().remove(service);
+        Ok(pool)
+    }
+}
+
+/// Keeps one service's cache fresh: a long poll re-issued in a loop. When the registry is
+/// unreachable the cache is left as it is (calls go on from it) and the poll is retried with
+/// a growing pause; when it answers again, polling resumes where it left off.
+async fn watch_loop(
+    pool: Weak<Pool>,
+    registry: Registry,
+    stop: CancellationToken,
+    timeout: Duration,
+    max_backoff: Duration,
+) {
+    const MIN_BACKOFF: Duration = Duration::from_millis(20);
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        let (epoch, from_revision, _) = p.position();
+        let req = WatchRequest {
+            service: p.service.clone(),
+            epoch,
+            from_revision,
+            timeout_ms: timeout.as_millis() as u64,
+            client_id: registry.client_id(),
+        };
+        drop(p);
+        let r = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = registry.watch(req) => r,
+        };
+        match r {
+            Ok(resolved) => {
+                backoff = MIN_BACKOFF;
+                let Some(p) = pool.upgrade() else { return };
+                if p.apply(resolved) {
+                    tracing::debug!(service = %p.service, instances = p.view().listed.len(), "instances changed");
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "watch failed; calls continue from the cache");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+}
+
+/// Merges lists that are each sorted by `cmp` (best first) into the `k` best overall, in
+/// order: the merge step of a scatter-gather over shards that each return their top k
+/// (seeds/000 §4.2). Takes O(k × number of lists) comparisons; the lists are few (one per
+/// instance).
+pub fn merge_sorted<T>(lists: Vec<Vec<T>>, k: usize, mut cmp: impl FnMut(&T, &T) -> Ordering) -> Vec<T> {
+    let mut heads: Vec<std::vec::IntoIter<T>> = lists.into_iter().map(Vec::into_iter).collect();
+    let mut out = Vec::with_capacity(k.min(heads.iter().map(|h| h.len()).sum()));
+    while out.len() < k {
+        let mut best: Option<(usize, &T)> = None;
+        for (i, head) in heads.iter().enumerate() {
+            let Some(candidate) = head.as_slice().first() else { continue };
+            if best.is_none_or(|(_, b)| cmp(candidate, b) == Ordering::Less) {
+                best = Some((i, candidate));
+            }
+        }
+        let Some((b, _)) = best else { break };
+        out.push(heads[b].next().expect("has a head"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_sorted_takes_the_k_best_in_order() {
+        let lists = vec![vec![9, 5, 1], vec![8, 7, 2], vec![], vec![10]];
+        assert_eq!(merge_sorted(lists.clone(), 4, |a, b| b.cmp(a)), vec![10, 9, 8, 7]);
+        assert_eq!(merge_sorted(lists.clone(), 100, |a, b| b.cmp(a)), vec![10, 9, 8, 7, 5, 2, 1]);
+        assert_eq!(merge_sorted(lists, 0, |a, b| b.cmp(a)), Vec::<i32>::new());
+    }
+}

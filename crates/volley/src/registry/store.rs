@@ -1,0 +1,474 @@
+//! Where the controller keeps its state: the [`Store`] trait, and [`MemoryStore`], the
+//! in-memory backend used by the embedded and the standalone controller.
+//!
+//! The trait is asynchronous and object-safe so that a backend over a remote store (etcd,
+//! issue 9) can be added without touching the controller: leases, instances by service with a
+//! revision per change, a change signal for watches, and the client-id allocator.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::wire::{Instance, InstanceSpec, ListedInstance, ServiceListing};
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The lease lapsed or was never granted (or the store restarted).
+    #[error("unknown lease {0}")]
+    UnknownLease(u64),
+    /// Every client id of the store's range is allocated.
+    #[error("client ids exhausted: all {0} ids are allocated")]
+    ClientIdsExhausted(u64),
+    /// A registration the store refuses (empty service name, weight 0 ...).
+    #[error("invalid registration: {0}")]
+    Invalid(String),
+    /// The backend failed (for remote backends).
+    #[error("store backend failed: {0}")]
+    Backend(String),
+}
+
+/// The instances of one service at one revision, as the store holds them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceState {
+    /// Store revision of the service's last change (0: never changed).
+    pub revision: u64,
+    /// Whether an instance of the service ever registered.
+    pub known: bool,
+    pub instances: Vec<Instance>,
+}
+
+/// The controller's state. Every mutation that changes what a service resolves to bumps the
+/// store revision and publishes it on [`subscribe`](Store::subscribe).
+pub trait Store: Send + Sync + 'static {
+    /// A new lease that lapses `ttl` from now unless renewed.
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
+    /// Adds instances under `lease`; returns their ids. An instance with the same service and
+    /// address under another lease is replaced (a server that restarted before its old lease
+    /// lapsed).
+    fn register<'a>(
+        &'a self,
+        lease: u64,
+        specs: &'a [InstanceSpec],
+    ) -> BoxFuture<'a, Result<Vec<u64>, StoreError>>;
+    /// Extends `lease` by its ttl; returns the ttl.
+    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Duration, StoreError>>;
+    /// Removes `lease` and its instances; returns how many instances went.
+    fn revoke(&self, lease: u64) -> BoxFuture<'_, Result<usize, StoreError>>;
+    /// Removes every lease whose time ran out, with its instances; returns how many instances
+    /// went. Backends whose store expires leases itself return `Ok(0)`.
+    fn expire(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
+    fn resolve<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<ServiceState, StoreError>>;
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ServiceListing>, StoreError>>;
+    /// A client id no other live client of this store holds.
+    fn alloc_client_id(&self) -> BoxFuture<'_, Result<u32, StoreError>>;
+    /// Gives an id back; returns whether it was allocated.
+    fn release_client_id(&self, id: u32) -> BoxFuture<'_, Result<bool, StoreError>>;
+    /// Marks `id` as held (a client that got it from an earlier life of the store), so it is
+    /// not handed out again.
+    fn claim_client_id(&self, id: u32) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// The store revision, updated on every change. Watches wait on it.
+    fn subscribe(&self) -> watch::Receiver<u64>;
+    /// Whether the state outlives the controller process. A controller over a store that is
+    /// not durable tells clients it is *settling* for one lease time after it starts, while
+    /// servers register again.
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+/// The in-memory store: everything lives in this process and is lost when it exits.
+///
+/// Client ids are handed out in order from a range, starting at a random point (so a
+/// restarted controller is unlikely to hand out ids that clients of its previous life still
+/// hold; clients also re-claim their ids with their watches). Past the end of the range the
+/// allocator wraps to its start and skips ids still allocated; when all are allocated it
+/// fails with [`StoreError::ClientIdsExhausted`]. Ids of clients that vanish without
+/// releasing stay allocated until the store is dropped.
+pub struct MemoryStore {
+    state: Mutex<Mem>,
+    revision: watch::Sender<u64>,
+}
+
+struct Mem {
+    revision: u64,
+    next_lease: u64,
+    next_instance: u64,
+    leases: HashMap<u64, Lease>,
+    services: BTreeMap<String, Svc>,
+    ids: ClientIds,
+}
+
+struct Lease {
+    ttl: Duration,
+    deadline: Instant,
+    /// (service, instance id) of each instance under the lease.
+    instances: Vec<(String, u64)>,
+}
+
+#[derive(Default)]
+struct Svc {
+    revision: u64,
+    instances: BTreeMap<u64, Instance>,
+}
+
+struct ClientIds {
+    range: RangeInclusive<u32>,
+    next: u32,
+    allocated: HashSet<u32>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// Client ids come from `1..=u32::MAX`, starting at a random point.
+    pub fn new() -> MemoryStore {
+        let range = 1..=u32::MAX;
+        let start = fastrand::u32(range.clone());
+        MemoryStore::build(range, start)
+    }
+
+    /// Client ids come from `range`, starting at its first id (tests of wrap-around and
+    /// exhaustion; deployments that split the id space between registries).
+    pub fn with_client_id_range(range: RangeInclusive<u32>) -> MemoryStore {
+        assert!(!range.is_empty() && *range.start() > 0, "client id range must be non-empty and exclude 0");
+        let start = *range.start();
+        MemoryStore::build(range, start)
+    }
+
+    fn build(range: RangeInclusive<u32>, start: u32) -> MemoryStore {
+        MemoryStore {
+            state: Mutex::new(Mem {
+                revision: 0,
+                // Lease and instance ids start at a random point: a server still holding a lease
+                // id from an earlier life of the store must find it unknown (and register again),
+                // not renew — or revoke — a lease this store granted to someone else.
+                next_lease: fastrand::u64(1..1 << 62),
+                next_instance: fastrand::u64(1..1 << 62),
+                leases: HashMap::new(),
+                services: BTreeMap::new(),
+                ids: ClientIds { range, next: start, allocated: HashSet::new() },
+            }),
+            revision: watch::channel(0).0,
+        }
+    }
+
+    /// Runs `f` on the state; publishes the revision if `f` changed it.
+    fn with<R>(&self, f: impl FnOnce(&mut Mem) -> R) -> R {
+        let mut st = self.state.lock();
+        let before = st.revision;
+        let r = f(&mut st);
+        let after = st.revision;
+        drop(st);
+        if after != before {
+            self.revision.send_replace(after);
+        }
+        r
+    }
+}
+
+impl Mem {
+    fn bump(&mut self) -> u64 {
+        self.revision += 1;
+        self.revision
+    }
+
+    /// Removes instances; bumps the revision once if any went.
+    fn remove_instances(&mut self, list: &[(String, u64)]) -> usize {
+        let mut removed = Vec::new();
+        for (service, id) in list {
+            if let Some(svc) = self.services.get_mut(service)
+                && svc.instances.remove(id).is_some()
+            {
+                removed.push(service.clone());
+            }
+        }
+        if !removed.is_empty() {
+            let rev = self.bump();
+            for s in &removed {
+                self.services.get_mut(s).expect("just seen").revision = rev;
+            }
+        }
+        removed.len()
+    }
+}
+
+impl ClientIds {
+    fn alloc(&mut self) -> Result<u32, StoreError> {
+        let size = *self.range.end() as u64 - *self.range.start() as u64 + 1;
+        if self.allocated.len() as u64 >= size {
+            return Err(StoreError::ClientIdsExhausted(size));
+        }
+        loop {
+            let id = self.next;
+            self.next = if id == *self.range.end() { *self.range.start() } else { id + 1 };
+            if self.allocated.insert(id) {
+                return Ok(id);
+            }
+        }
+    }
+}
+
+fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
+    Box::pin(std::future::ready(v))
+}
+
+impl Store for MemoryStore {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<u64, StoreError>> {
+        ready(Ok(self.with(|st| {
+            let id = st.next_lease;
+            st.next_lease += 1;
+            st.leases.insert(id, Lease { ttl, deadline: Instant::now() + ttl, instances: Vec::new() });
+            id
+        })))
+    }
+
+    fn register<'a>(
+        &'a self,
+        lease: u64,
+        specs: &'a [InstanceSpec],
+    ) -> BoxFuture<'a, Result<Vec<u64>, StoreError>> {
+        if let Some(bad) =
+            specs.iter().find(|s| s.service.is_empty() || s.address.is_empty() || s.weight == 0)
+        {
+            return ready(Err(StoreError::Invalid(format!(
+                "{}@{} weight {}: service and address must be non-empty, weight at least 1",
+                bad.service, bad.address, bad.weight
+            ))));
+        }
+        ready(self.with(|st| {
+            if !st.leases.contains_key(&lease) {
+                return Err(StoreError::UnknownLease(lease));
+            }
+            // The same service at the same address under another lease is a server that
+            // restarted before its old lease lapsed: the new registration replaces it.
+            let mut stale: Vec<(String, u64)> = Vec::new();
+            for s in specs {
+                if let Some(svc) = st.services.get(&s.service) {
+                    stale.extend(
+                        svc.instances
+                            .values()
+                            .filter(|i| i.address == s.address && i.lease != lease)
+                            .map(|i| (i.service.clone(), i.id)),
+                    );
+                }
+            }
+            st.remove_instances(&stale);
+            for l in st.leases.values_mut() {
+                l.instances.retain(|x| !stale.contains(x));
+            }
+            let rev = st.bump();
+            let mut ids = Vec::with_capacity(specs.len());
+            for s in specs {
+                let id = st.next_instance;
+                st.next_instance += 1;
+                let instance = Instance {
+                    id,
+                    lease,
+                    service: s.service.clone(),
+                    address: s.address.clone(),
+                    weight: s.weight,
+                    metadata: s.metadata.clone(),
+                };
+                let svc = st.services.entry(s.service.clone()).or_default();
+                svc.instances.insert(id, instance);
+                svc.revision = rev;
+                st.leases.get_mut(&lease).expect("checked").instances.push((s.service.clone(), id));
+                ids.push(id);
+            }
+            Ok(ids)
+        }))
+    }
+
+    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Duration, StoreError>> {
+        ready(self.with(|st| match st.leases.get_mut(&lease) {
+            Some(l) => {
+                l.deadline = Instant::now() + l.ttl;
+                Ok(l.ttl)
+            }
+            None => Err(StoreError::UnknownLease(lease)),
+        }))
+    }
+
+    fn revoke(&self, lease: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
+        ready(self.with(|st| match st.leases.remove(&lease) {
+            Some(l) => Ok(st.remove_instances(&l.instances)),
+            None => Err(StoreError::UnknownLease(lease)),
+        }))
+    }
+
+    fn expire(&self) -> BoxFuture<'_, Result<usize, StoreError>> {
+        let now = Instant::now();
+        ready(Ok(self.with(|st| {
+            let lapsed: Vec<u64> =
+                st.leases.iter().filter(|(_, l)| l.deadline <= now).map(|(&id, _)| id).collect();
+            let mut gone = Vec::new();
+            for id in lapsed {
+                let l = st.leases.remove(&id).expect("listed");
+                tracing::info!(lease = id, instances = l.instances.len(), "lease lapsed");
+                gone.extend(l.instances);
+            }
+            st.remove_instances(&gone)
+        })))
+    }
+
+    fn resolve<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<ServiceState, StoreError>> {
+        let st = self.state.lock();
+        let state = match st.services.get(service) {
+            Some(svc) => ServiceState {
+                revision: svc.revision,
+                known: true,
+                instances: svc.instances.values().cloned().collect(),
+            },
+            None => ServiceState::default(),
+        };
+        ready(Ok(state))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ServiceListing>, StoreError>> {
+        let now = Instant::now();
+        let st = self.state.lock();
+        let services = st
+            .services
+            .iter()
+            .map(|(name, svc)| ServiceListing {
+                name: name.clone(),
+                revision: svc.revision,
+                instances: svc
+                    .instances
+                    .values()
+                    .map(|i| {
+                        let lease = st.leases.get(&i.lease);
+                        ListedInstance {
+                            instance: i.clone(),
+                            lease_ttl_ms: lease.map_or(0, |l| l.ttl.as_millis() as u64),
+                            expires_in_ms: lease
+                                .map_or(0, |l| l.deadline.saturating_duration_since(now).as_millis() as u64),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        ready(Ok(services))
+    }
+
+    fn alloc_client_id(&self) -> BoxFuture<'_, Result<u32, StoreError>> {
+        ready(self.state.lock().ids.alloc())
+    }
+
+    fn release_client_id(&self, id: u32) -> BoxFuture<'_, Result<bool, StoreError>> {
+        ready(Ok(self.state.lock().ids.allocated.remove(&id)))
+    }
+
+    fn claim_client_id(&self, id: u32) -> BoxFuture<'_, Result<(), StoreError>> {
+        let mut st = self.state.lock();
+        if st.ids.range.contains(&id) {
+            st.ids.allocated.insert(id);
+        }
+        ready(Ok(()))
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(service: &str, addr: &str) -> InstanceSpec {
+        InstanceSpec::new(service, addr)
+    }
+
+    #[tokio::test]
+    async fn register_resolve_revoke_bump_revisions() {
+        let s = MemoryStore::new();
+        let rx = s.subscribe();
+        assert_eq!(s.resolve("a").await.unwrap(), ServiceState::default());
+        let lease = s.grant(Duration::from_secs(10)).await.unwrap();
+        let ids = s.register(lease, &[spec("a", "tcp://h:1"), spec("b", "tcp://h:1")]).await.unwrap();
+        assert_eq!(ids.len(), 2);
+        let a = s.resolve("a").await.unwrap();
+        assert!(a.known);
+        assert_eq!(a.instances.len(), 1);
+        assert_eq!(a.instances[0].lease, lease);
+        assert_eq!(*rx.borrow(), a.revision);
+        assert_eq!(s.revoke(lease).await.unwrap(), 2);
+        let a2 = s.resolve("a").await.unwrap();
+        assert!(a2.known && a2.instances.is_empty() && a2.revision > a.revision);
+        assert_eq!(s.revoke(lease).await, Err(StoreError::UnknownLease(lease)));
+        assert_eq!(s.renew(lease).await, Err(StoreError::UnknownLease(lease)));
+    }
+
+    #[tokio::test]
+    async fn a_new_registration_at_the_same_address_replaces_the_old_one() {
+        let s = MemoryStore::new();
+        let old = s.grant(Duration::from_secs(10)).await.unwrap();
+        s.register(old, &[spec("a", "tcp://h:1"), spec("a", "tcp://h:2")]).await.unwrap();
+        let new = s.grant(Duration::from_secs(10)).await.unwrap();
+        s.register(new, &[spec("a", "tcp://h:1")]).await.unwrap();
+        let a = s.resolve("a").await.unwrap();
+        let mut by_addr: Vec<_> = a.instances.iter().map(|i| (i.address.as_str(), i.lease)).collect();
+        by_addr.sort();
+        assert_eq!(by_addr, vec![("tcp://h:1", new), ("tcp://h:2", old)]);
+        // Revoking the old lease removes only what is still under it.
+        assert_eq!(s.revoke(old).await.unwrap(), 1);
+        assert_eq!(s.resolve("a").await.unwrap().instances.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lease_from_an_earlier_store_is_unknown_to_a_new_one() {
+        // A restarted controller must not let a server renew a lease it never granted (it
+        // could be another server's): the server has to register again.
+        let old = MemoryStore::new();
+        let stale = old.grant(Duration::from_secs(10)).await.unwrap();
+        let new = MemoryStore::new();
+        for _ in 0..3 {
+            assert_ne!(new.grant(Duration::from_secs(10)).await.unwrap(), stale);
+        }
+        assert_eq!(new.renew(stale).await, Err(StoreError::UnknownLease(stale)));
+        assert_eq!(new.revoke(stale).await, Err(StoreError::UnknownLease(stale)));
+    }
+
+    #[tokio::test]
+    async fn invalid_registrations_are_refused() {
+        let s = MemoryStore::new();
+        let lease = s.grant(Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(s.register(lease, &[spec("", "tcp://h:1")]).await, Err(StoreError::Invalid(_))));
+        assert!(matches!(
+            s.register(lease, &[spec("a", "tcp://h:1").weight(0)]).await,
+            Err(StoreError::Invalid(_))
+        ));
+        assert_eq!(s.register(99, &[spec("a", "tcp://h:1")]).await, Err(StoreError::UnknownLease(99)));
+    }
+
+    #[tokio::test]
+    async fn client_ids_wrap_around_skip_held_ids_and_report_exhaustion() {
+        let s = MemoryStore::with_client_id_range(10..=13);
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            got.push(s.alloc_client_id().await.unwrap());
+        }
+        assert_eq!(got, vec![10, 11, 12, 13]);
+        assert_eq!(s.alloc_client_id().await, Err(StoreError::ClientIdsExhausted(4)));
+        assert!(s.release_client_id(11).await.unwrap());
+        assert!(!s.release_client_id(11).await.unwrap());
+        // After the wrap the allocator skips 10 (still held) and finds 11.
+        assert_eq!(s.alloc_client_id().await.unwrap(), 11);
+        assert_eq!(s.alloc_client_id().await, Err(StoreError::ClientIdsExhausted(4)));
+        // A claimed id is not handed out.
+        s.release_client_id(12).await.unwrap();
+        s.claim_client_id(12).await.unwrap();
+        assert_eq!(s.alloc_client_id().await, Err(StoreError::ClientIdsExhausted(4)));
+    }
+}
