@@ -856,3 +856,39 @@ async fn instances_that_cannot_be_reached_are_skipped_even_for_non_idempotent_ca
     live.shutdown().await;
     controller.shutdown().await;
 }
+
+/// The batch API through the registry: a batch spreads its chunks over the instances (one chunk
+/// per pick of the balancing policy), every instance serves some, and the results come back in
+/// input order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_three_instances_uses_all_three() {
+    let (controller, reg) = start_controller("tcp://127.0.0.1:0", Duration::ZERO).await;
+    let registry = Registry::connect(&reg).await.unwrap();
+    let mut servers = Vec::new();
+    let mut hits = Vec::new();
+    let mut registrations = Vec::new();
+    for i in 0..3 {
+        let h = Arc::new(AtomicU64::new(0));
+        let server = instance(&format!("i{i}"), h.clone());
+        let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+        registrations.push(register(&registry, &server, &addr, LeaseConfig::default()).await);
+        servers.push(server);
+        hits.push(h);
+    }
+    let client = ServiceClient::connect_with(&reg, service_config(Mode::Direct)).await.unwrap();
+    assert_eq!(client.instances(SERVICE).await.unwrap().len(), 3);
+    let n = 3 * 128 * 4;
+    let results = client.call_batch(&DOUBLE, 0..n as u64).await;
+    assert_eq!(results.len(), n);
+    for (x, r) in results.into_iter().enumerate() {
+        assert_eq!(r, Ok(2 * x as u64), "item {x}");
+    }
+    let served: Vec<u64> = hits.iter().map(|h| h.load(Relaxed)).collect();
+    assert_eq!(served.iter().sum::<u64>(), n as u64, "{served:?}");
+    assert!(served.iter().all(|&s| s >= 128), "every instance served at least a chunk: {served:?}");
+    drop(registrations);
+    for s in servers {
+        s.shutdown().await;
+    }
+    controller.shutdown().await;
+}
