@@ -1,13 +1,10 @@
 //! Key routing: the stable key hash and the consistent-hash ring.
 //!
-//! A key is hashed over its **encoded form** (its [`Wire`] encoding, seed §6.3.3: hashing
-//! through serialization works for any type), so equal keys hash equally on every machine and
-//! in every process, whatever their in-memory layout.
+//! A key is hashed over its canonical encoded form with the codec's documented
+//! [`StableHash`] (seed §6.3.3: hashing through serialization), so equal keys hash equally on
+//! every machine, in every process and in every release, whatever their in-memory layout.
 
-use bytes::BytesMut;
-
-use crate::codec::Wire;
-use crate::error::Error;
+use crate::codec::StableHash;
 
 /// The stable hash of an encoded key: **xxh3-64, seed 0**, over the bytes as they are.
 ///
@@ -20,11 +17,10 @@ pub fn key_hash(encoded: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(encoded)
 }
 
-/// Encodes `key` with its [`Wire`] encoding and hashes it with [`key_hash`].
-pub fn hash_key<K: Wire>(key: &K) -> Result<u64, Error> {
-    let mut buf = BytesMut::new();
-    key.encode(&mut buf).map_err(|e| Error::Encode(e.0))?;
-    Ok(key_hash(&buf))
+/// The routing hash of `key`: its [`StableHash`] (xxh3-64, seed 0, over the canonical bytes
+/// of PROTOCOL.md §15.2 — for bytes, strings and integers, the same bytes as their encoding).
+pub fn hash_key<K: StableHash + ?Sized>(key: &K) -> u64 {
+    key.stable_hash()
 }
 
 /// Virtual nodes per unit of weight. 128 keeps each node's share within a few percent of its
@@ -101,8 +97,8 @@ mod tests {
         // between versions.
         assert_eq!(key_hash(b""), 0x2d06800538d394c2);
         assert_eq!(key_hash(b"volley"), xxhash_rust::xxh3::xxh3_64(b"volley"));
-        assert_eq!(hash_key(&7u32).unwrap(), key_hash(&7u32.to_le_bytes()));
-        assert_eq!(hash_key(&"k".to_string()).unwrap(), key_hash(b"k"));
+        assert_eq!(hash_key(&7u32), key_hash(&7u32.to_le_bytes()));
+        assert_eq!(hash_key(&"k".to_string()), key_hash(b"k"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::hash::hash_key;
 use super::pool::{Balance, Pool, PoolConfig, PoolStats, Route, add_snapshot};
 use super::wire::{Instance, RelayRequest, Target, WatchRequest};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
-use crate::codec::Wire;
+use crate::codec::{StableHash, Wire};
 use crate::error::Error;
 use crate::method::Method;
 use crate::stats::Snapshot;
@@ -283,7 +283,7 @@ impl ServiceClient {
     /// Calls the instance that owns `key` on the service's consistent-hash ring. The key is
     /// hashed over its encoded form ([`hash_key`]), so a key keeps its instance while the set
     /// of instances is stable, and only about 1/N of keys move when one joins or leaves.
-    pub async fn call_keyed<K: Wire, Req: Wire + Clone, Resp: Wire>(
+    pub async fn call_keyed<K: StableHash + ?Sized, Req: Wire + Clone, Resp: Wire>(
         &self,
         m: &Method<Req, Resp>,
         key: &K,
@@ -292,14 +292,14 @@ impl ServiceClient {
         self.call_keyed_with(m, key, req, CallOptions::default()).await
     }
 
-    pub async fn call_keyed_with<K: Wire, Req: Wire + Clone, Resp: Wire>(
+    pub async fn call_keyed_with<K: StableHash + ?Sized, Req: Wire + Clone, Resp: Wire>(
         &self,
         m: &Method<Req, Resp>,
         key: &K,
         req: Req,
         opts: CallOptions,
     ) -> Result<Resp, Error> {
-        self.route_call(m, req, opts, Route::Key(hash_key(key)?)).await
+        self.route_call(m, req, opts, Route::Key(hash_key(key))).await
     }
 
     /// Scatter-gather: calls `m` on every instance of its service at once and gathers each
