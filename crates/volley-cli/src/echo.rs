@@ -19,7 +19,8 @@ pub fn method_named(service: &str) -> Method<Bytes, Bytes> {
 /// An echo server whose service is called `service`.
 pub fn server_named(service: &str) -> Server {
     let m = method_named(service);
-    Server::builder().handle(&m, |b: Bytes| async move { Ok(b) }).build()
+    // Echo never waits: the synchronous form serves a batch in a plain loop.
+    Server::builder().handle_fn(&m, |b: Bytes| Ok(b)).build()
 }
 
 /// `volley serve-echo`: serves until Ctrl-C, then shuts down gracefully (deregistering first

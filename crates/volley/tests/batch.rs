@@ -297,3 +297,39 @@ async fn application_level_batch_is_one_message_and_one_handler_call() {
         server.shutdown().await;
     }
 }
+
+/// The synchronous handler form: same results as the async forms on every transport, single and
+/// batched, and a panic is still one item's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_handlers_serve_singles_and_batches_and_contain_panics() {
+    for addr in addresses("sync") {
+        let server = Server::builder()
+            .handle_fn(&SQUARE, |x: u64| {
+                if x == 13 {
+                    panic!("unlucky");
+                }
+                if x.is_multiple_of(1000) { Err(Status::app(format!("no {x}"))) } else { Ok(x * x) }
+            })
+            .build();
+        let bound = server.listen(&addr).await.unwrap();
+        let client = Client::connect(&bound.to_string()).await.unwrap();
+        assert_eq!(client.call(&SQUARE, 12).await, Ok(144), "{bound}");
+        match client.call(&SQUARE, 13).await {
+            Err(Error::Remote(s)) => assert_eq!(s.code, Code::Panicked, "{bound}"),
+            other => panic!("{bound}: expected a panic reply, got {other:?}"),
+        }
+        let results = client.call_batch(&SQUARE, 0..3000u64).await;
+        for (x, r) in (0..3000u64).zip(&results) {
+            match x {
+                13 => assert_eq!(r.as_ref().err().and_then(Error::code), Some(Code::Panicked), "{bound}"),
+                x if x % 1000 == 0 => {
+                    assert_eq!(r.as_ref().err().and_then(Error::code), Some(Code::Application))
+                }
+                x => assert_eq!(r.as_ref().ok(), Some(&(x * x)), "{bound}: item {x}"),
+            }
+        }
+        assert_eq!(client.call(&SQUARE, 3).await, Ok(9), "{bound}: still serving after panics");
+        drop(client);
+        server.shutdown().await;
+    }
+}

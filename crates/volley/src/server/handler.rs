@@ -27,6 +27,7 @@ pub type BatchResult<Resp> = Vec<Result<Resp, Status>>;
 
 type BatchFn<Req, Resp> = dyn Fn(Vec<Req>) -> BoxFuture<'static, BatchResult<Resp>> + Send + Sync;
 type ItemFn<Req, Resp> = dyn Fn(Req) -> BoxFuture<'static, Result<Resp, Status>> + Send + Sync;
+type SyncFn<Req, Resp> = dyn Fn(Req) -> Result<Resp, Status> + Send + Sync;
 
 /// The handler of one method, typed.
 pub(crate) struct TypedHandler<Req, Resp> {
@@ -34,6 +35,9 @@ pub(crate) struct TypedHandler<Req, Resp> {
     /// For handlers registered per item: the item function itself, which inproc callers
     /// invoke directly (panics already caught).
     pub(crate) item: Option<Box<ItemFn<Req, Resp>>>,
+    /// For handlers registered as plain functions: called directly by inproc callers, with no
+    /// future and no allocation (panics already caught).
+    pub(crate) sync_item: Option<Arc<SyncFn<Req, Resp>>>,
     pub(crate) inproc: InprocQueue<Req, Resp>,
 }
 
@@ -43,7 +47,12 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
         F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = BatchResult<Resp>> + Send + 'static,
     {
-        TypedHandler { f: Box::new(move |reqs| Box::pin(f(reqs))), item: None, inproc: InprocQueue::new() }
+        TypedHandler {
+            f: Box::new(move |reqs| Box::pin(f(reqs))),
+            item: None,
+            sync_item: None,
+            inproc: InprocQueue::new(),
+        }
     }
 
     pub(crate) fn from_item_fn<F, Fut>(f: F) -> Self
@@ -58,6 +67,24 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
             JoinItems::new(reqs.into_iter().map(move |r| guard_item(&*f, r)))
         });
         h.item = Some(Box::new(move |r| Box::pin(guard_item(&*direct, r))));
+        h
+    }
+
+    /// A synchronous handler for work that never waits (lookups, arithmetic, echo). A batch is a
+    /// plain loop over its requests — no future per request — and an inproc call is a function
+    /// call. It runs on the connection's task, so it must not block.
+    pub(crate) fn from_sync_fn<F>(f: F) -> Self
+    where
+        F: Fn(Req) -> Result<Resp, Status> + Send + Sync + 'static,
+    {
+        let f: Arc<SyncFn<Req, Resp>> = Arc::new(move |r| {
+            std::panic::catch_unwind(AssertUnwindSafe(|| f(r))).unwrap_or_else(|p| Err(panicked(&p)))
+        });
+        let batch = f.clone();
+        let mut h = Self::from_batch_fn(move |reqs: Vec<Req>| {
+            std::future::ready(reqs.into_iter().map(|r| batch(r)).collect::<BatchResult<Resp>>())
+        });
+        h.sync_item = Some(f);
         h
     }
 

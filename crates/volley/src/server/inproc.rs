@@ -152,6 +152,15 @@ pub(crate) async fn call<Req: Wire, Resp: Wire>(
             format!("{m:?} is registered with other request/reply types than the caller's"),
         )));
     };
+    if let Some(f) = &handler.sync_item {
+        if shared.shutdown.is_cancelled() {
+            return Err(Error::Connection("inproc server is shutting down".into()));
+        }
+        let result = f(req);
+        // Never waits, so it must still count against the cooperative budget (see call_direct).
+        tokio::task::consume_budget().await;
+        return result.map_err(Error::Remote);
+    }
     if let Some(item) = &handler.item {
         return call_direct(shared, item(req), timeout).await;
     }

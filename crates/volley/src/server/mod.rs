@@ -76,6 +76,19 @@ impl ServerBuilder {
         self.route(m, TypedHandler::from_item_fn(f))
     }
 
+    /// Registers a synchronous handler, for work that never waits (lookups, arithmetic, echo):
+    /// a batch is served by a plain loop, and an inproc call is a direct function call, with no
+    /// future or allocation per request. It runs on the connection's task: anything that can
+    /// block or wait belongs in [`handle`](Self::handle) instead.
+    pub fn handle_fn<Req, Resp, F>(self, m: &Method<Req, Resp>, f: F) -> Self
+    where
+        Req: Wire,
+        Resp: Wire,
+        F: Fn(Req) -> Result<Resp, Status> + Send + Sync + 'static,
+    {
+        self.route(m, TypedHandler::from_sync_fn(f))
+    }
+
     /// Registers a batch handler: it receives every request that arrived together (up to
     /// `max_batch`) and returns one result per request, in order. A single call is a batch of
     /// one. Use it when a batch is cheaper to serve as a whole (one lock, one disk write, one
