@@ -37,7 +37,45 @@ pub struct Sample {
     /// Fixed-rate mode: scheduled calls that could not even be sent before the run gave up
     /// (counted in the histogram at a lower bound of their latency).
     pub missed: u64,
+    /// CPU time of the whole process (server and client threads) per completed call, in µs:
+    /// what a call costs, largely independent of how much of the cores other processes took.
+    /// `None` in fixed-rate mode (the pacer's waiting would count) and where unsupported.
+    pub cpu_us_per_call: Option<f64>,
     pub first_error: Option<String>,
+}
+
+/// User + system CPU time used by this process so far.
+#[cfg(unix)]
+pub fn cpu_time() -> Option<Duration> {
+    // SAFETY: getrusage only writes the struct we pass; zeroed is a valid `rusage`.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return None;
+    }
+    let tv =
+        |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    Some(tv(u.ru_utime) + tv(u.ru_stime))
+}
+
+#[cfg(not(unix))]
+pub fn cpu_time() -> Option<Duration> {
+    None
+}
+
+/// Measures the process's CPU time over a stretch of work.
+#[derive(Clone, Copy)]
+pub struct CpuMeter(Option<Duration>);
+
+impl CpuMeter {
+    pub fn start() -> CpuMeter {
+        CpuMeter(cpu_time())
+    }
+
+    /// µs of CPU per call since `start`.
+    pub fn per_call(self, calls: u64) -> Option<f64> {
+        let used = cpu_time()?.checked_sub(self.0?)?;
+        (calls > 0).then(|| used.as_secs_f64() * 1e6 / calls as f64)
+    }
 }
 
 /// A static payload of `n` bytes (one leaked buffer per size, shared by every measurement).
@@ -163,10 +201,15 @@ async fn closed_loop<C: Caller>(client: C, spec: LoadSpec) -> Result<Sample, Str
     tokio::time::sleep(spec.warmup).await;
     phase.store(MEASURE, Ordering::Relaxed);
     let start = Instant::now();
+    let cpu = CpuMeter::start();
     tokio::time::sleep(spec.duration).await;
     phase.store(STOP, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
-    merge(join(tasks).await?, seconds)
+    let mut s = merge(join(tasks).await?, seconds)?;
+    // Read after the join: the callers' last calls (outside the window) add a little; over a
+    // one-second window it is noise.
+    s.cpu_us_per_call = cpu.per_call(s.calls);
+    Ok(s)
 }
 
 /// Open loop at `rate` calls/s in total: call `i` is due at `t0 + i / rate`, and its latency
@@ -262,6 +305,7 @@ pub async fn unary_window<C: Caller>(
     let body = payload(size);
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
+    let cpu = CpuMeter::start();
     let mut tasks = Vec::with_capacity(window);
     for _ in 0..window.max(1) {
         let (mut client, body, next) = (client.clone(), body.clone(), next.clone());
@@ -280,6 +324,7 @@ pub async fn unary_window<C: Caller>(
     drop(client);
     let tallies = join(tasks).await?;
     let mut s = merge(tallies, start.elapsed().as_secs_f64())?;
+    s.cpu_us_per_call = cpu.per_call(s.calls);
     // The per-call latency of a windowed run only restates the window size; leave it out so
     // every framework's batch row means the same thing.
     (s.p50_us, s.p99_us, s.p999_us, s.max_us) = (None, None, None, None);
@@ -287,9 +332,16 @@ pub async fn unary_window<C: Caller>(
 }
 
 /// A batch run's result from a count of good replies, errors and the elapsed time.
-pub fn batch_sample(ok: u64, errors: u64, first_error: Option<String>, seconds: f64) -> Sample {
+pub fn batch_sample(
+    ok: u64,
+    errors: u64,
+    first_error: Option<String>,
+    seconds: f64,
+    cpu: CpuMeter,
+) -> Sample {
     Sample {
         calls: ok,
+        cpu_us_per_call: cpu.per_call(ok),
         calls_per_s: ok as f64 / seconds.max(f64::MIN_POSITIVE),
         errors,
         first_error,

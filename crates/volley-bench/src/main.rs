@@ -265,6 +265,13 @@ fn run(a: Args) -> Result<bool, String> {
             }
         );
         print!("{}", report::table(&results, &scenarios));
+        if settings.rate.is_none() {
+            println!(
+                "\nCPU time per call, server and client threads together (µs; each framework at its \
+                 most frugal runtime; ratios peer ÷ Volley):\n"
+            );
+            print!("{}", report::cpu_table(&results, &scenarios));
+        }
         println!("\nGoals (issue 8), against this run:");
         print!("{}", report::goals(&results, &scenarios));
     }

@@ -26,6 +26,7 @@ pub struct Median {
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
     pub p999_us: Option<f64>,
+    pub cpu_us_per_call: Option<f64>,
     pub errors: u64,
     pub missed: u64,
     pub rounds: usize,
@@ -54,6 +55,7 @@ impl Results {
             p50_us: of(|s| s.p50_us),
             p99_us: of(|s| s.p99_us),
             p999_us: of(|s| s.p999_us),
+            cpu_us_per_call: of(|s| s.cpu_us_per_call),
             errors: v.iter().map(|s| s.errors).sum(),
             missed: v.iter().map(|s| s.missed).sum(),
             rounds: v.len(),
@@ -99,6 +101,8 @@ pub enum Metric {
     CallsPerS,
     P50,
     P99,
+    /// CPU time of server and client together per call.
+    Cpu,
 }
 
 impl Metric {
@@ -107,6 +111,7 @@ impl Metric {
             Metric::CallsPerS => Some(m.calls_per_s),
             Metric::P50 => m.p50_us,
             Metric::P99 => m.p99_us,
+            Metric::Cpu => m.cpu_us_per_call,
         }
     }
 
@@ -130,6 +135,7 @@ impl Metric {
             Metric::CallsPerS => "calls/s",
             Metric::P50 => "p50 µs",
             Metric::P99 => "p99 µs",
+            Metric::Cpu => "CPU µs/call",
         }
     }
 }
@@ -165,6 +171,7 @@ fn cell(b: Option<Best>, metric: Metric) -> String {
     let Some(b) = b else { return "—".into() };
     let v = match metric {
         Metric::CallsPerS => thousands(b.value),
+        Metric::Cpu => format!("{:.2}", b.value),
         _ => format!("{:.1}", b.value),
     };
     let method = match b.method {
@@ -223,13 +230,31 @@ fn rows(scenarios: &[Scenario]) -> Vec<(String, Sel, Metric)> {
 /// The markdown table: every framework at its best runtime (ct = current-thread, mt = one
 /// worker multi-thread), ratios as Volley's advantage (above 1: Volley ahead).
 pub fn table(r: &Results, scenarios: &[Scenario]) -> String {
+    render(r, rows(scenarios))
+}
+
+/// CPU time (server + client threads, µs) per call at each framework's most frugal runtime:
+/// what a call costs, which a machine shared with other work distorts far less than
+/// calls/s. Ratios: peer ÷ Volley.
+pub fn cpu_table(r: &Results, scenarios: &[Scenario]) -> String {
+    let rows = rows(scenarios)
+        .into_iter()
+        .filter(|(_, sel, m)| {
+            *m == Metric::CallsPerS && !matches!(sel, Sel::Scenario(s) if s.kind == Kind::Latency)
+        })
+        .map(|(label, sel, _)| (label, sel, Metric::Cpu))
+        .collect();
+    render(r, rows)
+}
+
+fn render(r: &Results, rows: Vec<(String, Sel, Metric)>) -> String {
     let mut out = String::new();
     out.push_str(
         "| scenario | metric | volley tcp | tonic tcp | tarpc tcp | vs tonic | vs tarpc \
          | volley unix | volley inproc | tarpc inproc | vs tarpc inproc |\n",
     );
     out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (label, sel, m) in rows(scenarios) {
+    for (label, sel, m) in rows {
         let b = |t| r.best(t, sel, m);
         let stream_row = matches!(sel, Sel::BatchStream(_));
         let peer = |t| if stream_row && t != Target::TonicTcp { None } else { b(t) };
@@ -238,7 +263,10 @@ pub fn table(r: &Results, scenarios: &[Scenario]) -> String {
         let _ = writeln!(
             out,
             "| {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            if matches!(sel, Sel::Scenario(_)) { m.name() } else { "requests/s" },
+            match (sel, m) {
+                (Sel::Scenario(_), _) | (_, Metric::Cpu) => m.name(),
+                _ => "requests/s",
+            },
             cell(vt, m),
             cell(nt, m),
             cell(pt, m),
@@ -387,7 +415,13 @@ pub fn json_lines(r: &Results, rate: Option<f64>) -> Vec<serde_json::Value> {
                 let name = serde_json::to_value(f).ok().and_then(|v| v.as_str().map(String::from));
                 (
                     name.unwrap_or_default(),
-                    json!({"calls_per_s": m.calls_per_s, "p50_us": m.p50_us, "p99_us": m.p99_us, "p999_us": m.p999_us}),
+                    json!({
+                        "calls_per_s": m.calls_per_s,
+                        "p50_us": m.p50_us,
+                        "p99_us": m.p99_us,
+                        "p999_us": m.p999_us,
+                        "cpu_us_per_call": m.cpu_us_per_call,
+                    }),
                 )
             })
             .collect();
@@ -410,6 +444,7 @@ pub fn json_lines(r: &Results, rate: Option<f64>) -> Vec<serde_json::Value> {
             "p50_us": best.p50_us,
             "p99_us": best.p99_us,
             "p999_us": best.p999_us,
+            "cpu_us_per_call": best.cpu_us_per_call,
             "errors": best.errors,
             "missed": best.missed,
             "rounds": best.rounds,

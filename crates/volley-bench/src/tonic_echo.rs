@@ -13,7 +13,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::load::{Caller, Sample, batch_sample, payload};
+use crate::load::{Caller, CpuMeter, Sample, batch_sample, payload};
 
 /// `message EchoMsg { bytes payload = 1; }`, written by hand instead of generated from a
 /// .proto; `bytes = "bytes"` makes the field a `Bytes` (decoded without copying).
@@ -118,6 +118,7 @@ pub async fn stream_batch(client: &TonicCaller, n: u64, size: usize) -> Sample {
     let body = payload(size);
     let mut client = client.clone();
     let start = Instant::now();
+    let cpu = CpuMeter::start();
     let (mut ok, mut errors, mut first_error) = (0u64, 0u64, None);
     let requests = futures::stream::iter((0..n).map(move |_| EchoMsg { payload: body.clone() }));
     match client.0.echo_stream(requests).await {
@@ -144,5 +145,5 @@ pub async fn stream_batch(client: &TonicCaller, n: u64, size: usize) -> Sample {
             }
         }
     }
-    batch_sample(ok, errors, first_error, start.elapsed().as_secs_f64())
+    batch_sample(ok, errors, first_error, start.elapsed().as_secs_f64(), cpu)
 }

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use volley::{BatchOptions, Client, Method, Server};
 
-use crate::load::{Caller, Sample, batch_sample, payload};
+use crate::load::{Caller, CpuMeter, Sample, batch_sample, payload};
 
 /// `echo/echo`: returns its payload.
 pub const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
@@ -44,6 +44,7 @@ pub async fn batch(client: &VolleyCaller, n: u64, chunk: usize, window: usize, s
     let body = payload(size);
     let opts = BatchOptions::default().chunk_size(chunk).window(window);
     let start = Instant::now();
+    let cpu = CpuMeter::start();
     let (mut ok, mut errors, mut first_error) = (0, 0, None);
     let mut results = client.0.call_batch_stream(&ECHO, (0..n).map(|_| body.clone()), opts);
     while let Some(r) = results.next().await {
@@ -59,5 +60,5 @@ pub async fn batch(client: &VolleyCaller, n: u64, chunk: usize, window: usize, s
             }
         }
     }
-    batch_sample(ok, errors, first_error, start.elapsed().as_secs_f64())
+    batch_sample(ok, errors, first_error, start.elapsed().as_secs_f64(), cpu)
 }

@@ -46,6 +46,7 @@ fn quick_json_has_every_framework_and_scenario() {
             "p99_us",
             "method",
             "runtime",
+            "cpu_us_per_call",
             "by_runtime",
         ] {
             assert!(r.get(key).is_some(), "missing {key} in {r}");
