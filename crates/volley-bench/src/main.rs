@@ -214,7 +214,11 @@ fn run(a: Args) -> Result<bool, String> {
                             sc.payload,
                             t.label(),
                             f.short(),
-                            if m == Method::BidiStream { " (bidi stream)" } else { "" }
+                            match m {
+                                Method::BidiStream => " (bidi stream)",
+                                Method::BatchHandler => " (batch handler)",
+                                _ => "",
+                            }
                         );
                         match runner::measure(t, f, sc, m, &settings) {
                             Ok(s) => {

@@ -176,6 +176,7 @@ fn cell(b: Option<Best>, metric: Metric) -> String {
     };
     let method = match b.method {
         Method::BidiStream => " stream",
+        Method::BatchHandler => " bh",
         Method::Unary | Method::CallBatchStream => "",
     };
     format!("{v} {}{method}", b.flavor.short())

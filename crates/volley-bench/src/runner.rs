@@ -54,7 +54,7 @@ impl Target {
     /// The ways this target sends a large number of requests, best candidates first.
     pub fn batch_methods(self) -> &'static [Method] {
         match self.framework() {
-            "volley" => &[Method::CallBatchStream],
+            "volley" => &[Method::CallBatchStream, Method::BatchHandler],
             "tonic" => &[Method::Unary, Method::BidiStream],
             _ => &[Method::Unary],
         }
@@ -67,8 +67,12 @@ impl Target {
 pub enum Method {
     /// One call per request (`Client::call`, a gRPC unary call, a tarpc call).
     Unary,
-    /// Volley's `Client::call_batch_stream`.
+    /// Volley's `Client::call_batch_stream`, served by the same per-request handler as every
+    /// other scenario.
     CallBatchStream,
+    /// `Client::call_batch_stream` to a batch handler (`ServerBuilder::handle_batch`).
+    #[serde(rename = "call_batch_stream+handle_batch")]
+    BatchHandler,
     /// One gRPC bidirectional stream carrying every request.
     BidiStream,
 }
@@ -191,10 +195,13 @@ async fn drive(ep: Endpoint, sc: Scenario, method: Method, s: Settings) -> Resul
     // Batch runs warm up on a twentieth of the requests first (connections, buffers, caches).
     let warm = (sc.requests / 20).max(1);
     match (ep, sc.kind, method) {
-        (Endpoint::Volley(addr), Kind::Batch, _) => {
+        (Endpoint::Volley(addr), Kind::Batch, m) => {
             let c = volley_echo::connect(&addr).await?;
-            volley_echo::batch(&c, warm, s.chunk_size, s.chunk_window, sc.payload).await;
-            Ok(volley_echo::batch(&c, sc.requests, s.chunk_size, s.chunk_window, sc.payload).await)
+            let method =
+                if m == Method::BatchHandler { &volley_echo::ECHO_BATCH } else { &volley_echo::ECHO };
+            let (chunk, window) = (s.chunk_size, s.chunk_window);
+            volley_echo::batch(&c, method, warm, chunk, window, sc.payload).await;
+            Ok(volley_echo::batch(&c, method, sc.requests, chunk, window, sc.payload).await)
         }
         (Endpoint::Volley(addr), _, _) => load::run(volley_echo::connect(&addr).await?, spec).await,
         (Endpoint::Tonic(addr), Kind::Batch, Method::BidiStream) => {

@@ -11,10 +11,18 @@ use crate::load::{Caller, CpuMeter, Sample, batch_sample, payload};
 /// `echo/echo`: returns its payload.
 pub const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
 
+/// `echo/echo_batch`: the same echo served by a batch handler (`ServerBuilder::handle_batch`),
+/// which gets every request that arrived together as one `Vec` — Volley's way to serve batches
+/// without a future per request. Used only by the batch scenario, as a second Volley method.
+pub const ECHO_BATCH: Method<Bytes, Bytes> = Method::new("echo", "echo_batch");
+
 /// Starts the server on `addr` (`tcp://127.0.0.1:0`, `unix:///…`, `inproc://…`) and returns
 /// it with the address actually bound.
 pub async fn serve(addr: &str) -> Result<(Server, String), String> {
-    let server = Server::builder().handle(&ECHO, |b: Bytes| async move { Ok(b) }).build();
+    let server = Server::builder()
+        .handle(&ECHO, |b: Bytes| async move { Ok(b) })
+        .handle_batch(&ECHO_BATCH, |reqs: Vec<Bytes>| async move { reqs.into_iter().map(Ok).collect() })
+        .build();
     let bound = server.listen(addr).await.map_err(|e| e.to_string())?;
     Ok((server, bound.to_string()))
 }
@@ -38,15 +46,23 @@ impl Caller for VolleyCaller {
     }
 }
 
-/// `n` requests through the batch API: one `call_batch_stream`, which cuts them into chunks
-/// (one `BatchRequest` message each over unix/tcp) and keeps `window` chunks in flight.
-pub async fn batch(client: &VolleyCaller, n: u64, chunk: usize, window: usize, size: usize) -> Sample {
+/// `n` requests for `method` through the batch API: one `call_batch_stream`, which cuts them
+/// into chunks (one `BatchRequest` message each over unix/tcp) and keeps `window` chunks in
+/// flight.
+pub async fn batch(
+    client: &VolleyCaller,
+    method: &Method<Bytes, Bytes>,
+    n: u64,
+    chunk: usize,
+    window: usize,
+    size: usize,
+) -> Sample {
     let body = payload(size);
     let opts = BatchOptions::default().chunk_size(chunk).window(window);
     let start = Instant::now();
     let cpu = CpuMeter::start();
     let (mut ok, mut errors, mut first_error) = (0, 0, None);
-    let mut results = client.0.call_batch_stream(&ECHO, (0..n).map(|_| body.clone()), opts);
+    let mut results = client.0.call_batch_stream(method, (0..n).map(|_| body.clone()), opts);
     while let Some(r) = results.next().await {
         match r {
             Ok(reply) if reply.len() == size => ok += 1,

@@ -77,6 +77,10 @@ fn quick_json_has_every_framework_and_scenario() {
         want.insert((framework.into(), transport.into(), "batch".into(), batch.into()));
     }
     want.insert(("tonic".into(), "tcp".into(), "batch".into(), "bidi_stream".into()));
+    for transport in ["tcp", "unix", "inproc"] {
+        let m = "call_batch_stream+handle_batch";
+        want.insert(("volley".into(), transport.into(), "batch".into(), m.into()));
+    }
     assert_eq!(seen, want);
 }
 
