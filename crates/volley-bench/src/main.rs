@@ -86,6 +86,10 @@ struct Args {
     /// Do not pin threads to cores.
     #[arg(long)]
     no_pin: bool,
+    /// Also write every single measurement (each round, each runtime) to this file, one JSON
+    /// object per line, so the spread behind the medians can be inspected.
+    #[arg(long)]
+    samples_out: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -188,6 +192,10 @@ fn run(a: Args) -> Result<bool, String> {
             None => "no".into(),
         }
     );
+    let mut samples_out = match &a.samples_out {
+        Some(path) => Some(std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?),
+        None => None,
+    };
     let started = Instant::now();
     let mut results = Results::default();
     let mut ok = true;
@@ -241,6 +249,29 @@ fn run(a: Args) -> Result<bool, String> {
                                         s.errors,
                                         s.first_error.as_deref().unwrap_or("?")
                                     );
+                                }
+                                if let Some(file) = samples_out.as_mut() {
+                                    use std::io::Write;
+                                    let line = serde_json::json!({
+                                        "round": round + 1,
+                                        "framework": t.framework(),
+                                        "transport": t.transport(),
+                                        "scenario": sc.kind,
+                                        "payload": sc.payload,
+                                        "concurrency": sc.concurrency,
+                                        "method": m,
+                                        "runtime": f,
+                                        "calls": s.calls,
+                                        "calls_per_s": s.calls_per_s,
+                                        "p50_us": s.p50_us,
+                                        "p99_us": s.p99_us,
+                                        "p999_us": s.p999_us,
+                                        "max_us": s.max_us,
+                                        "cpu_us_per_call": s.cpu_us_per_call,
+                                        "errors": s.errors,
+                                        "missed": s.missed,
+                                    });
+                                    writeln!(file, "{line}").map_err(|e| e.to_string())?;
                                 }
                                 results.add((t, sc, m, f), s);
                             }

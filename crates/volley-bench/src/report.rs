@@ -66,7 +66,7 @@ impl Results {
     pub fn best(&self, target: Target, sel: Sel, metric: Metric) -> Option<Best> {
         self.samples
             .keys()
-            .filter(|(t, sc, m, _)| *t == target && sel.takes(*sc, *m))
+            .filter(|(t, sc, m, _)| *t == target && sel.takes(target, *sc, *m))
             .filter_map(|key| {
                 let m = self.median(key)?;
                 Some(Best { value: metric.of(&m)?, method: key.2, flavor: key.3 })
@@ -80,19 +80,26 @@ impl Results {
 pub enum Sel {
     /// Every method of one scenario.
     Scenario(Scenario),
-    /// A batch scenario: Volley's batch API against concurrent unary calls.
-    BatchUnary(Scenario),
-    /// A batch scenario: Volley's batch API against one gRPC bidirectional stream.
-    BatchStream(Scenario),
+    /// A batch scenario: Volley sending with method `volley`, the peers with method `peer`.
+    Batch { sc: Scenario, volley: Method, peer: Method },
 }
 
 impl Sel {
-    fn takes(self, sc: Scenario, m: Method) -> bool {
+    fn takes(self, target: Target, sc: Scenario, m: Method) -> bool {
         match self {
             Sel::Scenario(s) => s == sc,
-            Sel::BatchUnary(s) => s == sc && m != Method::BidiStream,
-            Sel::BatchStream(s) => s == sc && m != Method::Unary,
+            Sel::Batch { sc: s, volley, peer } => {
+                s == sc && m == if target.framework() == "volley" { volley } else { peer }
+            }
         }
+    }
+}
+
+/// How a Volley batch method reads in a row label.
+fn volley_way(m: Method) -> &'static str {
+    match m {
+        Method::BatchHandler => "call_batch_stream to a batch handler",
+        _ => "call_batch_stream",
     }
 }
 
@@ -210,20 +217,18 @@ fn rows(scenarios: &[Scenario]) -> Vec<(String, Sel, Metric)> {
     }
     for &sc in scenarios.iter().filter(|s| s.kind == Kind::Batch) {
         let n = thousands(sc.requests as f64);
-        rows.push((
-            format!(
-                "{n} requests, {}: batch API vs {} concurrent unary calls",
-                size(sc.payload),
-                sc.concurrency
-            ),
-            Sel::BatchUnary(sc),
-            Metric::CallsPerS,
-        ));
-        rows.push((
-            format!("{n} requests, {}: batch API vs one gRPC bidi stream", size(sc.payload)),
-            Sel::BatchStream(sc),
-            Metric::CallsPerS,
-        ));
+        for (peer, peer_way) in [
+            (Method::Unary, format!("{} concurrent unary calls", sc.concurrency)),
+            (Method::BidiStream, "one gRPC bidi stream".into()),
+        ] {
+            for volley in [Method::CallBatchStream, Method::BatchHandler] {
+                rows.push((
+                    format!("{n} × {}: {} vs {peer_way}", size(sc.payload), volley_way(volley)),
+                    Sel::Batch { sc, volley, peer },
+                    Metric::CallsPerS,
+                ));
+            }
+        }
     }
     rows
 }
@@ -257,10 +262,8 @@ fn render(r: &Results, rows: Vec<(String, Sel, Metric)>) -> String {
     out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (label, sel, m) in rows {
         let b = |t| r.best(t, sel, m);
-        let stream_row = matches!(sel, Sel::BatchStream(_));
-        let peer = |t| if stream_row && t != Target::TonicTcp { None } else { b(t) };
-        let (vt, nt, pt) = (b(Target::VolleyTcp), peer(Target::TonicTcp), peer(Target::TarpcTcp));
-        let (vu, vi, pi) = (b(Target::VolleyUnix), b(Target::VolleyInproc), peer(Target::TarpcInproc));
+        let (vt, nt, pt) = (b(Target::VolleyTcp), b(Target::TonicTcp), b(Target::TarpcTcp));
+        let (vu, vi, pi) = (b(Target::VolleyUnix), b(Target::VolleyInproc), b(Target::TarpcInproc));
         let _ = writeln!(
             out,
             "| {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -312,7 +315,7 @@ pub fn goals(r: &Results, scenarios: &[Scenario]) -> String {
     // throughput rows with the same payload (16, 256, 1024 calls in flight) — so the window
     // chosen for the batch run cannot flatter Volley.
     let best_unary = |peer: Target, batch: Scenario| -> Option<f64> {
-        let mut sels = vec![Sel::BatchUnary(batch)];
+        let mut sels = vec![Sel::Batch { sc: batch, volley: Method::CallBatchStream, peer: Method::Unary }];
         sels.extend(
             scenarios
                 .iter()
@@ -323,29 +326,35 @@ pub fn goals(r: &Results, scenarios: &[Scenario]) -> String {
     };
     for &sc in scenarios.iter().filter(|s| s.kind == Kind::Batch) {
         let n = thousands(sc.requests as f64);
-        let volley = |t| value(t, Sel::BatchUnary(sc), Metric::CallsPerS);
-        let tcp_peers = [Target::TonicTcp, Target::TarpcTcp].map(|p| best_unary(p, sc));
-        let best_tcp = tcp_peers.into_iter().flatten().reduce(f64::max);
-        let _ = writeln!(
-            out,
-            "- {n} requests over tcp, batch API vs the best peer's concurrent unary calls (goal ≥ 10×): {}",
-            verdict(volley(Target::VolleyTcp).zip(best_tcp).map(|(v, p)| v / p), 10.0)
-        );
-        let stream = value(Target::TonicTcp, Sel::BatchStream(sc), Metric::CallsPerS)
-            .filter(|_| r.samples.keys().any(|k| k.0 == Target::TonicTcp && k.2 == Method::BidiStream));
-        let _ = writeln!(
-            out,
-            "- {n} requests over tcp, batch API vs one gRPC bidi stream (tonic's own bulk path; same goal): {}",
-            verdict(volley(Target::VolleyTcp).zip(stream).map(|(v, p)| v / p), 10.0)
-        );
-        let _ = writeln!(
-            out,
-            "- {n} requests in-process, batch API vs tarpc's channel with concurrent unary calls (goal ≥ 10×): {}",
-            verdict(
-                volley(Target::VolleyInproc).zip(best_unary(Target::TarpcInproc, sc)).map(|(v, p)| v / p),
-                10.0
-            )
-        );
+        let best_tcp = [Target::TonicTcp, Target::TarpcTcp]
+            .into_iter()
+            .filter_map(|p| best_unary(p, sc))
+            .reduce(f64::max);
+        let stream_sel = Sel::Batch { sc, volley: Method::CallBatchStream, peer: Method::BidiStream };
+        let stream = value(Target::TonicTcp, stream_sel, Metric::CallsPerS);
+        for m in [Method::CallBatchStream, Method::BatchHandler] {
+            let sel = Sel::Batch { sc, volley: m, peer: Method::Unary };
+            let volley = |t| value(t, sel, Metric::CallsPerS);
+            let way = volley_way(m);
+            let _ = writeln!(
+                out,
+                "- {n} requests over tcp, {way} vs the best peer's concurrent unary calls (goal ≥ 10×): {}",
+                verdict(volley(Target::VolleyTcp).zip(best_tcp).map(|(v, p)| v / p), 10.0)
+            );
+            let _ = writeln!(
+                out,
+                "- {n} requests over tcp, {way} vs one gRPC bidi stream (tonic's own bulk path; same goal): {}",
+                verdict(volley(Target::VolleyTcp).zip(stream).map(|(v, p)| v / p), 10.0)
+            );
+            let _ = writeln!(
+                out,
+                "- {n} requests in-process, {way} vs tarpc's channel with concurrent unary calls (goal ≥ 10×): {}",
+                verdict(
+                    volley(Target::VolleyInproc).zip(best_unary(Target::TarpcInproc, sc)).map(|(v, p)| v / p),
+                    10.0
+                )
+            );
+        }
     }
     for &sc in scenarios.iter().filter(|s| s.kind == Kind::Throughput && s.concurrency == 1024) {
         let sel = Sel::Scenario(sc);
@@ -365,7 +374,7 @@ pub fn goals(r: &Results, scenarios: &[Scenario]) -> String {
     let mut compared = 0;
     for (label, sel, m) in rows(scenarios) {
         let pairs: &[(Target, Target)] = match sel {
-            Sel::BatchStream(_) => &[(Target::VolleyTcp, Target::TonicTcp)],
+            Sel::Batch { peer: Method::BidiStream, .. } => &[(Target::VolleyTcp, Target::TonicTcp)],
             _ => &[
                 (Target::VolleyTcp, Target::TonicTcp),
                 (Target::VolleyTcp, Target::TarpcTcp),
