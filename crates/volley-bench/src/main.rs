@@ -1,0 +1,318 @@
+//! `volley-compare`: the same echo service in Volley, tonic (gRPC) and tarpc, every scenario on
+//! every framework in one run, frameworks alternating between rounds, one table of medians with
+//! ratios to Volley. See this crate's README.md for the method.
+
+mod load;
+mod report;
+mod runner;
+mod tarpc_echo;
+mod tonic_echo;
+mod volley_echo;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use report::Results;
+use runner::{Flavor, Kind, Method, Scenario, Settings, Target};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "volley-compare",
+    about = "Volley against tonic (gRPC) and tarpc on one echo service, side by side"
+)]
+struct Args {
+    /// A smoke run of about a minute: 1 round, 0.3 s measurements, 100,000 batch requests
+    /// (any of these given explicitly still wins).
+    #[arg(long)]
+    quick: bool,
+    /// Rounds; each runs every scenario on every framework (default 3; --quick 1).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Measured seconds per measurement (default 1; --quick 0.3).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Warm-up seconds before each measurement (default 0.5; --quick 0.2).
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Requests in the batch scenario (default 1,000,000; --quick 100,000).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Fixed-rate mode: calls per second in total for the latency and throughput scenarios,
+    /// latency measured from each call's scheduled send time. Without it, callers run in a
+    /// closed loop (each calls again as soon as its reply arrives).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Print one JSON object per (framework, transport, scenario, method) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Frameworks to run.
+    #[arg(long, value_delimiter = ',', default_value = "volley,tonic,tarpc")]
+    frameworks: Vec<String>,
+    /// Transports to run (unix: Volley only; inproc: Volley and tarpc's in-process channel).
+    #[arg(long, value_delimiter = ',', default_value = "tcp,unix,inproc")]
+    transports: Vec<String>,
+    /// Scenarios to run.
+    #[arg(long, value_delimiter = ',', default_value = "latency,throughput,batch")]
+    scenarios: Vec<ScenarioArg>,
+    /// Concurrent callers of the throughput scenarios (all sharing one connection).
+    #[arg(long, value_delimiter = ',', default_value = "16,256,1024")]
+    concurrency: Vec<usize>,
+    /// Payload sizes of the throughput scenarios, bytes.
+    #[arg(long, value_delimiter = ',', default_value = "64,4096")]
+    payloads: Vec<usize>,
+    /// Runtime flavors to measure every framework on; each is compared at its best.
+    #[arg(long, value_delimiter = ',', default_value = "current,multi1")]
+    runtimes: Vec<Flavor>,
+    /// Unary calls kept in flight by tonic and tarpc in the batch scenario.
+    #[arg(long, default_value_t = 256)]
+    batch_in_flight: usize,
+    /// Seconds after which a run of unary calls in the batch scenario stops taking new
+    /// requests (tonic needs about a minute for 1,000,000); its rate is what it completed by
+    /// then (default 4; --quick 1).
+    #[arg(long)]
+    batch_max_seconds: Option<f64>,
+    /// Volley's batch: requests per chunk (one message on the wire).
+    #[arg(long, default_value_t = 128)]
+    chunk_size: usize,
+    /// Volley's batch: chunks in flight.
+    #[arg(long, default_value_t = 64)]
+    chunk_window: usize,
+    /// Cores for the server and the client, e.g. `0,1` (default: the first two the OS
+    /// reports).
+    #[arg(long, value_delimiter = ',')]
+    cores: Option<Vec<usize>>,
+    /// Do not pin threads to cores.
+    #[arg(long)]
+    no_pin: bool,
+    /// Also write every single measurement (each round, each runtime) to this file, one JSON
+    /// object per line, so the spread behind the medians can be inspected.
+    #[arg(long)]
+    samples_out: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ScenarioArg {
+    Latency,
+    Throughput,
+    Batch,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("volley-compare: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cores(a: &Args) -> Result<Option<(core_affinity::CoreId, core_affinity::CoreId)>, String> {
+    if a.no_pin {
+        return Ok(None);
+    }
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    let pick = |want: usize| ids.iter().copied().find(|c| c.id == want);
+    match &a.cores {
+        Some(c) if c.len() == 2 => match (pick(c[0]), pick(c[1])) {
+            (Some(s), Some(k)) => Ok(Some((s, k))),
+            _ => Err(format!("--cores {c:?}: not among this process's cores {ids:?}")),
+        },
+        Some(c) => Err(format!("--cores takes two cores (server,client), got {c:?}")),
+        None if ids.len() >= 2 => Ok(Some((ids[0], ids[1]))),
+        None => {
+            eprintln!("fewer than two cores available: threads are not pinned");
+            Ok(None)
+        }
+    }
+}
+
+fn scenarios(a: &Args, requests: u64) -> Vec<Scenario> {
+    let mut out = Vec::new();
+    if a.scenarios.contains(&ScenarioArg::Latency) {
+        out.push(Scenario { kind: Kind::Latency, concurrency: 1, payload: 64, requests: 0 });
+    }
+    if a.scenarios.contains(&ScenarioArg::Throughput) {
+        for &payload in &a.payloads {
+            for &concurrency in &a.concurrency {
+                out.push(Scenario { kind: Kind::Throughput, concurrency, payload, requests: 0 });
+            }
+        }
+    }
+    if a.scenarios.contains(&ScenarioArg::Batch) {
+        out.push(Scenario { kind: Kind::Batch, concurrency: a.batch_in_flight, payload: 64, requests });
+    }
+    out
+}
+
+/// Runs everything; `Ok(false)` when some call or measurement failed.
+fn run(a: Args) -> Result<bool, String> {
+    let rounds = a.rounds.unwrap_or(if a.quick { 1 } else { 3 }).max(1);
+    let requests = a.requests.unwrap_or(if a.quick { 100_000 } else { 1_000_000 });
+    let settings = Settings {
+        warmup: Duration::from_secs_f64(a.warmup.unwrap_or(if a.quick { 0.2 } else { 0.5 })),
+        duration: Duration::from_secs_f64(a.duration.unwrap_or(if a.quick { 0.3 } else { 1.0 })),
+        rate: a.rate.filter(|r| *r > 0.0),
+        chunk_size: a.chunk_size.max(1),
+        chunk_window: a.chunk_window.max(1),
+        batch_max: Duration::from_secs_f64(a.batch_max_seconds.unwrap_or(if a.quick { 1.0 } else { 4.0 })),
+        cores: cores(&a)?,
+    };
+    for f in &a.frameworks {
+        if !["volley", "tonic", "tarpc"].contains(&f.as_str()) {
+            return Err(format!("unknown framework {f:?} (volley, tonic, tarpc)"));
+        }
+    }
+    let targets: Vec<Target> = Target::ALL
+        .into_iter()
+        .filter(|t| a.frameworks.iter().any(|f| f == t.framework()))
+        .filter(|t| a.transports.iter().any(|x| x == t.transport()))
+        .collect();
+    let scenarios = scenarios(&a, requests);
+    if targets.is_empty() || scenarios.is_empty() || a.runtimes.is_empty() {
+        return Err("nothing to run".into());
+    }
+    eprintln!(
+        "volley-compare: {rounds} round(s) of {} scenarios x {} targets x {} runtimes; {:?} warm-up + {:?} each; \
+         batch {requests} requests; {}; threads pinned: {}",
+        scenarios.len(),
+        targets.len(),
+        a.runtimes.len(),
+        settings.warmup,
+        settings.duration,
+        match settings.rate {
+            Some(r) => format!("fixed rate {r} calls/s"),
+            None => "closed loop".into(),
+        },
+        match settings.cores {
+            Some((s, c)) => format!("server core {}, client core {}", s.id, c.id),
+            None => "no".into(),
+        }
+    );
+    let mut samples_out = match &a.samples_out {
+        Some(path) => Some(std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?),
+        None => None,
+    };
+    let started = Instant::now();
+    let mut results = Results::default();
+    let mut ok = true;
+    for round in 0..rounds {
+        for &sc in &scenarios {
+            // Rotate the order of frameworks and runtimes every round, so no framework always
+            // runs first (or right after a particular other one).
+            let mut order = targets.clone();
+            let n = order.len();
+            order.rotate_left(round % n);
+            let mut flavors = a.runtimes.clone();
+            let n = flavors.len();
+            flavors.rotate_left(round % n);
+            for &t in &order {
+                let methods: &[Method] =
+                    if sc.kind == Kind::Batch { t.batch_methods() } else { &[Method::Unary] };
+                for &f in &flavors {
+                    for &m in methods {
+                        let what = format!(
+                            "[{}/{rounds}] {:?} {}x{} B {} {}{}",
+                            round + 1,
+                            sc.kind,
+                            sc.concurrency,
+                            sc.payload,
+                            t.label(),
+                            f.short(),
+                            match m {
+                                Method::BidiStream => " (bidi stream)",
+                                Method::BatchHandler => " (batch handler)",
+                                _ => "",
+                            }
+                        );
+                        match runner::measure(t, f, sc, m, &settings) {
+                            Ok(s) => {
+                                let lat = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or("-".into());
+                                eprintln!(
+                                    "{what}: {:.0}/s p50 {} p99 {} us{}",
+                                    s.calls_per_s,
+                                    lat(s.p50_us),
+                                    lat(s.p99_us),
+                                    if s.missed > 0 {
+                                        format!(" ({} missed)", s.missed)
+                                    } else {
+                                        String::new()
+                                    }
+                                );
+                                if s.errors > 0 {
+                                    ok = false;
+                                    eprintln!(
+                                        "{what}: {} errors, first: {}",
+                                        s.errors,
+                                        s.first_error.as_deref().unwrap_or("?")
+                                    );
+                                }
+                                if let Some(file) = samples_out.as_mut() {
+                                    use std::io::Write;
+                                    let line = serde_json::json!({
+                                        "round": round + 1,
+                                        "framework": t.framework(),
+                                        "transport": t.transport(),
+                                        "scenario": sc.kind,
+                                        "payload": sc.payload,
+                                        "concurrency": sc.concurrency,
+                                        "method": m,
+                                        "runtime": f,
+                                        "calls": s.calls,
+                                        "calls_per_s": s.calls_per_s,
+                                        "p50_us": s.p50_us,
+                                        "p99_us": s.p99_us,
+                                        "p999_us": s.p999_us,
+                                        "max_us": s.max_us,
+                                        "cpu_us_per_call": s.cpu_us_per_call,
+                                        "errors": s.errors,
+                                        "missed": s.missed,
+                                    });
+                                    writeln!(file, "{line}").map_err(|e| e.to_string())?;
+                                }
+                                results.add((t, sc, m, f), s);
+                            }
+                            Err(e) => {
+                                ok = false;
+                                eprintln!("{what}: failed: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("all measurements took {:.0} s", started.elapsed().as_secs_f64());
+    if a.json {
+        for line in report::json_lines(&results, settings.rate) {
+            println!("{line}");
+        }
+    } else {
+        println!(
+            "Medians of {rounds} round(s); each framework at its best runtime (ct = current-thread, \
+             mt = one-worker multi-thread){}; ratios are Volley's advantage (above 1: Volley ahead).\n",
+            match settings.rate {
+                Some(r) => format!("; fixed rate {r} calls/s, latency from scheduled send"),
+                None => String::new(),
+            }
+        );
+        print!("{}", report::table(&results, &scenarios));
+        if settings.rate.is_none() {
+            println!(
+                "\nCPU time per call, server and client threads together (µs; each framework at its \
+                 most frugal runtime; ratios peer ÷ Volley):\n"
+            );
+            print!("{}", report::cpu_table(&results, &scenarios));
+        }
+        // The goals are about capacity (closed loop); at a fixed rate every framework that
+        // keeps up shows the same calls/s, so only the latency rows above say anything.
+        if settings.rate.is_none() {
+            println!("\nGoals (issue 8), against this run:");
+            print!("{}", report::goals(&results, &scenarios));
+        }
+    }
+    Ok(ok)
+}

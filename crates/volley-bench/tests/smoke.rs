@@ -1,0 +1,113 @@
+//! `volley-compare` end to end on tiny durations: every framework on every transport produces
+//! its rows with the documented keys, and no call fails.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+fn compare(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_volley-compare")).args(args).output().unwrap();
+    assert!(out.status.success(), "volley-compare failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn quick_json_has_every_framework_and_scenario() {
+    // Debug build: keep it to one concurrency and payload, and very short measurements.
+    let rows = compare(&[
+        "--quick",
+        "--json",
+        "--duration",
+        "0.05",
+        "--warmup",
+        "0.02",
+        "--requests",
+        "2000",
+        "--batch-max-seconds",
+        "0.2",
+        "--concurrency",
+        "16",
+        "--payloads",
+        "64",
+    ]);
+    let mut seen = BTreeSet::new();
+    for r in &rows {
+        for key in [
+            "framework",
+            "scenario",
+            "transport",
+            "payload",
+            "concurrency",
+            "calls_per_s",
+            "p50_us",
+            "p99_us",
+            "method",
+            "runtime",
+            "cpu_us_per_call",
+            "by_runtime",
+        ] {
+            assert!(r.get(key).is_some(), "missing {key} in {r}");
+        }
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["calls_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        let runtimes = r["by_runtime"].as_object().unwrap();
+        assert!(runtimes.contains_key("current") && runtimes.contains_key("multi1"), "{r}");
+        if r["scenario"] != "batch" {
+            assert!(r["p50_us"].as_f64().unwrap() <= r["p99_us"].as_f64().unwrap(), "{r}");
+        }
+        let s = |k: &str| r[k].as_str().unwrap().to_string();
+        seen.insert((s("framework"), s("transport"), s("scenario"), s("method")));
+    }
+    let mut want = BTreeSet::new();
+    for (framework, transport) in [
+        ("volley", "tcp"),
+        ("volley", "unix"),
+        ("volley", "inproc"),
+        ("tonic", "tcp"),
+        ("tarpc", "tcp"),
+        ("tarpc", "inproc"),
+    ] {
+        for scenario in ["latency", "throughput"] {
+            want.insert((framework.into(), transport.into(), scenario.into(), "unary".into()));
+        }
+        let batch = if framework == "volley" { "call_batch_stream" } else { "unary" };
+        want.insert((framework.into(), transport.into(), "batch".into(), batch.into()));
+    }
+    want.insert(("tonic".into(), "tcp".into(), "batch".into(), "bidi_stream".into()));
+    for transport in ["tcp", "unix", "inproc"] {
+        let m = "call_batch_stream+handle_batch";
+        want.insert(("volley".into(), transport.into(), "batch".into(), m.into()));
+    }
+    assert_eq!(seen, want);
+}
+
+#[test]
+fn fixed_rate_mode_runs_at_the_rate() {
+    let rows = compare(&[
+        "--json",
+        "--rounds",
+        "1",
+        "--rate",
+        "2000",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0.05",
+        "--frameworks",
+        "volley",
+        "--transports",
+        "tcp",
+        "--scenarios",
+        "latency",
+        "--runtimes",
+        "current",
+    ]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!(r["rate"], 2000.0);
+    let rate = r["calls_per_s"].as_f64().unwrap();
+    assert!((1000.0..=2100.0).contains(&rate), "{r}");
+}
