@@ -78,8 +78,8 @@ struct Args {
     chunk_size: usize,
     /// Volley's batch: chunks in flight. The library's default is 64 (8,192 requests of the
     /// default chunk size); over loopback that leaves client and server each about half idle,
-    /// waiting for the other's bundle, and 256 (32,768 requests in flight) measured up to
-    /// 1.4x faster on a quiet machine: Volley's best configuration for this job, as raised
+    /// waiting for the other's bundle, and 256 (32,768 requests in flight) measured 1.3–1.5x
+    /// faster on a quiet machine: Volley's best configuration for this job, as raised
     /// HTTP/2 windows are tonic's.
     #[arg(long, default_value_t = 256)]
     chunk_window: usize,
