@@ -370,7 +370,9 @@ pub fn goals(r: &Results, scenarios: &[Scenario]) -> String {
         );
     }
     // "Ahead of both peers on every row."
-    let mut behind = Vec::new();
+    // A ratio within half a percent of 1 is a tie, not a lead: HDR percentiles have two
+    // significant digits, so equal latencies often land in the same bucket.
+    let (mut behind, mut level) = (Vec::new(), Vec::new());
     let mut compared = 0;
     for (label, sel, m) in rows(scenarios) {
         let pairs: &[(Target, Target)] = match sel {
@@ -384,17 +386,24 @@ pub fn goals(r: &Results, scenarios: &[Scenario]) -> String {
         for &(volley, peer) in pairs {
             if let Some(x) = ratio(sel, m, volley, peer) {
                 compared += 1;
-                if x < 1.0 {
-                    behind.push(format!("{label}, {} vs {}: {x:.2}×", m.name(), peer.label()));
+                let what = format!("{label}, {} vs {}: {x:.2}×", m.name(), peer.label());
+                if x < 0.995 {
+                    behind.push(what);
+                } else if x <= 1.005 {
+                    level.push(what);
                 }
             }
         }
     }
+    let list = |name: &str, v: &[String]| {
+        if v.is_empty() { String::new() } else { format!("; {name}: {}", v.join("; ")) }
+    };
     let _ = writeln!(
         out,
-        "- ahead of both peers on every row: ahead in {} of {compared} comparisons{}",
-        compared - behind.len(),
-        if behind.is_empty() { String::new() } else { format!("; behind in: {}", behind.join("; ")) }
+        "- ahead of both peers on every row: ahead in {} of {compared} comparisons{}{}",
+        compared - behind.len() - level.len(),
+        list("level", &level),
+        list("behind", &behind)
     );
     out
 }

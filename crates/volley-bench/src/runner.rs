@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use core_affinity::CoreId;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::load::{self, LoadSpec, Sample};
 use crate::{tarpc_echo, tonic_echo, volley_echo};
@@ -62,7 +62,7 @@ impl Target {
 }
 
 /// How the calls of a measurement are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Method {
     /// One call per request (`Client::call`, a gRPC unary call, a tarpc call).
@@ -78,7 +78,9 @@ pub enum Method {
 }
 
 /// The tokio runtime each side runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Flavor {
     /// `new_current_thread`: everything on the one (pinned) thread.
@@ -96,7 +98,7 @@ impl Flavor {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Latency,
