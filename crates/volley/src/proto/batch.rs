@@ -43,6 +43,11 @@ impl BatchItems {
         self.count == 0
     }
 
+    /// Bytes of all items together, with their length prefixes.
+    pub fn body_len(&self) -> usize {
+        self.body.len()
+    }
+
     /// The items of a batch request: each item's payload.
     pub fn requests(&self) -> impl Iterator<Item = Bytes> + '_ {
         let mut c = Reader { b: &self.body, pos: 0 };

@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::handler::ReplyWriter;
+use super::offload::offloaded;
 use crate::error::Status;
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Message, ProtocolError};
@@ -98,7 +99,9 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 struct Dispatch {
     /// Consecutive requests for one method, handed to its handler together.
     group: Vec<(u64, Bytes)>,
-    key: Option<(Bytes, Bytes)>,
+    /// The group's service and method, and whether its payloads are large enough to be
+    /// decoded and encoded on the codec pool (large and small requests are grouped apart).
+    key: Option<(Bytes, Bytes, bool)>,
     ready: Vec<Box<dyn ReplyWriter>>,
     errors: Vec<(u64, Status)>,
     pongs: Vec<u64>,
@@ -116,10 +119,14 @@ impl Dispatch {
         for msg in batch.drain(..) {
             match msg {
                 Message::Request { id, service, method, payload, .. } => {
-                    let same = self.key.as_ref().is_some_and(|(s, m)| *s == service && *m == method);
+                    let large = payload.len() >= shared.config.offload_min_bytes;
+                    let same = self
+                        .key
+                        .as_ref()
+                        .is_some_and(|(s, m, l)| *s == service && *m == method && *l == large);
                     if !same || self.group.len() >= shared.config.max_batch {
                         self.flush(shared, outbox, inflight);
-                        self.key = Some((service, method));
+                        self.key = Some((service, method, large));
                     }
                     self.group.push((id, payload));
                 }
@@ -175,7 +182,7 @@ impl Dispatch {
         if self.group.is_empty() {
             return;
         }
-        let (service, method) = self.key.as_ref().expect("a group has a key");
+        let (service, method, large) = self.key.as_ref().expect("a group has a key");
         let route = match shared.router.lookup(as_str(service), as_str(method)) {
             Ok(route) => route.clone(),
             Err(status) => {
@@ -194,7 +201,13 @@ impl Dispatch {
         }
         let n = self.group.len();
         let items = std::mem::replace(&mut self.group, Vec::with_capacity(16));
-        self.start(route.erased.call(items), n, shared, outbox, inflight);
+        let fut = if *large {
+            let ids = items.iter().map(|(id, _)| *id).collect();
+            offloaded(route.erased.clone(), ids, move |h| h.call(items))
+        } else {
+            route.erased.call(items)
+        };
+        self.start(fut, n, shared, outbox, inflight);
     }
 
     /// Hands the items of batch request `id` to its handler (after the group before it, so
@@ -219,7 +232,13 @@ impl Dispatch {
         if shared.room() < n {
             return self.errors.push((id, shared.overloaded()));
         }
-        self.start(route.erased.call_chunk(id, items, shared.config.max_batch), n, shared, outbox, inflight);
+        let max_batch = shared.config.max_batch;
+        let fut = if items.body_len() >= shared.config.offload_min_bytes {
+            offloaded(route.erased.clone(), vec![id], move |h| h.call_chunk(id, items, max_batch))
+        } else {
+            route.erased.call_chunk(id, items, max_batch)
+        };
+        self.start(fut, n, shared, outbox, inflight);
     }
 
     /// Runs a handler's future: one that finishes on its first poll has its replies written

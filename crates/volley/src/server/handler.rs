@@ -150,12 +150,16 @@ where
     }
 }
 
-fn panicked(p: &Box<dyn Any + Send>) -> Status {
-    let what = p
-        .downcast_ref::<&str>()
+/// The text of a panic's payload.
+pub(super) fn panic_message(p: &Box<dyn Any + Send>) -> String {
+    p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into());
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+fn panicked(p: &Box<dyn Any + Send>) -> Status {
+    let what = panic_message(p);
     tracing::error!(panic = %what, "handler panicked");
     Status::new(Code::Panicked, format!("handler panicked: {what}"))
 }
@@ -222,6 +226,23 @@ pub(crate) trait ErasedHandler: Send + Sync {
 /// Writes a finished batch's replies into a connection's outgoing frames.
 pub(crate) trait ReplyWriter: Send {
     fn write(self: Box<Self>, fb: &mut FrameBuilder);
+
+    /// Encodes the reply payloads now, on this thread, into a writer that only links or copies
+    /// bytes: the offload path calls it on the codec pool so that `write`, which runs under the
+    /// connection's outbox lock, does no encoding.
+    fn encoded(self: Box<Self>) -> Box<dyn ReplyWriter>;
+}
+
+/// One reply payload encoded on its own: a zero-copy type's bytes, or a fresh buffer.
+fn encode_payload<Resp: Wire>(resp: &Resp) -> Result<Bytes, Status> {
+    if let Some(b) = resp.as_bytes() {
+        return Ok(b);
+    }
+    let mut buf = bytes::BytesMut::new();
+    match resp.encode(&mut buf) {
+        Ok(()) => Ok(buf.freeze()),
+        Err(e) => Err(Status::new(Code::Internal, format!("reply could not be encoded: {e}"))),
+    }
 }
 
 struct TypedReplies<Resp> {
@@ -242,17 +263,64 @@ impl<Resp: Wire> ReplyWriter for TypedReplies<Resp> {
             }
         }
     }
+
+    fn encoded(self: Box<Self>) -> Box<dyn ReplyWriter> {
+        let TypedReplies { ids, results, bad } = *self;
+        let replies = ids.into_iter().zip(results).map(|(id, r)| (id, r.and_then(|v| encode_payload(&v))));
+        Box::new(EncodedReplies { bad, replies: replies.collect() })
+    }
+}
+
+/// [`TypedReplies`] with their payloads already encoded.
+struct EncodedReplies {
+    bad: Vec<(u64, Status)>,
+    replies: Vec<(u64, Result<Bytes, Status>)>,
+}
+
+impl ReplyWriter for EncodedReplies {
+    fn write(self: Box<Self>, fb: &mut FrameBuilder) {
+        for (id, status) in self.bad {
+            fb.error(id, status.code, &status.message);
+        }
+        for (id, result) in self.replies {
+            match result {
+                Ok(payload) => {
+                    let result = fb.reply_bytes(id, payload).map_err(widen::<std::convert::Infallible>);
+                    report_reply_error(fb, id, result)
+                }
+                Err(status) => fb.error(id, status.code, &status.message),
+            }
+        }
+    }
+
+    fn encoded(self: Box<Self>) -> Box<dyn ReplyWriter> {
+        self
+    }
+}
+
+/// A build error of a ready-made payload (which cannot fail to encode) as any payload's.
+fn widen<E>(e: BuildError<std::convert::Infallible>) -> BuildError<E> {
+    match e {
+        BuildError::TooLarge { len, max } => BuildError::TooLarge { len, max },
+        BuildError::TooManyItems { count, max } => BuildError::TooManyItems { count, max },
+    }
 }
 
 /// Appends one encoded reply, or an error reply if it cannot be encoded or is too large.
 pub(crate) fn write_reply<Resp: Wire>(fb: &mut FrameBuilder, id: u64, resp: &Resp) {
     let result = match resp.as_bytes() {
-        Some(b) if b.len() >= ZERO_COPY_MIN => fb.reply_bytes(id, b).map_err(|e| match e {
-            BuildError::TooLarge { len, max } => BuildError::TooLarge { len, max },
-            BuildError::TooManyItems { count, max } => BuildError::TooManyItems { count, max },
-        }),
+        Some(b) if b.len() >= ZERO_COPY_MIN => fb.reply_bytes(id, b).map_err(widen),
         _ => fb.reply(id, |buf| resp.encode(buf)),
     };
+    report_reply_error(fb, id, result);
+}
+
+/// Replaces a reply that could not be appended with an error reply saying why.
+fn report_reply_error<E: std::fmt::Display>(
+    fb: &mut FrameBuilder,
+    id: u64,
+    result: Result<(), BuildError<E>>,
+) {
     match result {
         Ok(()) => {}
         Err(BuildError::Payload(e)) => {
@@ -275,33 +343,85 @@ struct ChunkReplies<Resp> {
     bad: Vec<(usize, Status)>,
 }
 
+impl<Resp: Wire> ChunkReplies<Resp> {
+    /// Every item's result in position order: the handler's results merged with the items
+    /// that did not decode.
+    fn in_order(self) -> (u64, impl Iterator<Item = Result<Resp, Status>>) {
+        let ChunkReplies { id, len, results, bad } = self;
+        let mut results = results.into_iter();
+        let mut bad = bad.into_iter().peekable();
+        let items = (0..len).map(move |i| match bad.next_if(|(at, _)| *at == i) {
+            Some((_, status)) => Err(status),
+            None => results
+                .next()
+                .unwrap_or_else(|| Err(Status::new(Code::Internal, "handler returned too few results"))),
+        });
+        (id, items)
+    }
+}
+
 impl<Resp: Wire> ReplyWriter for ChunkReplies<Resp> {
     fn write(self: Box<Self>, fb: &mut FrameBuilder) {
-        let ChunkReplies { id, len, results, bad } = *self;
+        let (id, results) = self.in_order();
         let written = fb.batch_reply(id, |items| {
-            let mut results = results.into_iter();
-            let mut bad = bad.into_iter().peekable();
-            for i in 0..len {
-                if let Some((_, status)) = bad.next_if(|(at, _)| *at == i) {
-                    items.err(status.code, &status.message);
-                    continue;
-                }
-                match results.next() {
-                    Some(Ok(resp)) => items.ok(|buf| resp.encode(buf)),
-                    Some(Err(status)) => items.err(status.code, &status.message),
-                    None => items.err(Code::Internal, "handler returned too few results"),
+            for result in results {
+                match result {
+                    Ok(resp) => items.ok(|buf| resp.encode(buf)),
+                    Err(status) => items.err(status.code, &status.message),
                 }
             }
         });
-        if let Err(e) = written {
-            let why = match e {
-                BuildError::TooLarge { len, max } => {
-                    format!("batch reply of {len} bytes exceeds the frame limit of {max}")
+        report_chunk_error(fb, id, written);
+    }
+
+    fn encoded(self: Box<Self>) -> Box<dyn ReplyWriter> {
+        let (id, results) = self.in_order();
+        let results = results.map(|r| r.and_then(|v| encode_payload(&v))).collect();
+        Box::new(EncodedChunk { id, results })
+    }
+}
+
+/// [`ChunkReplies`] with their payloads already encoded.
+struct EncodedChunk {
+    id: u64,
+    results: Vec<Result<Bytes, Status>>,
+}
+
+impl ReplyWriter for EncodedChunk {
+    fn write(self: Box<Self>, fb: &mut FrameBuilder) {
+        let EncodedChunk { id, results } = *self;
+        let written = fb.batch_reply(id, |items| {
+            for result in results {
+                match result {
+                    Ok(b) => items.ok(|buf| {
+                        buf.extend_from_slice(&b);
+                        Ok::<(), std::convert::Infallible>(())
+                    }),
+                    Err(status) => items.err(status.code, &status.message),
                 }
-                other => format!("batch reply could not be built: {other:?}"),
-            };
-            fb.error(id, Code::TooLarge, &why);
-        }
+            }
+        });
+        report_chunk_error(fb, id, written);
+    }
+
+    fn encoded(self: Box<Self>) -> Box<dyn ReplyWriter> {
+        self
+    }
+}
+
+/// Replaces a batch reply that could not be appended with an error reply saying why.
+fn report_chunk_error<E>(fb: &mut FrameBuilder, id: u64, written: Result<(), BuildError<E>>) {
+    if let Err(e) = written {
+        let why = match e {
+            BuildError::TooLarge { len, max } => {
+                format!("batch reply of {len} bytes exceeds the frame limit of {max}")
+            }
+            BuildError::TooManyItems { count, max } => {
+                format!("batch reply of {count} items exceeds the limit of {max}")
+            }
+            BuildError::Payload(_) => "batch reply could not be built".to_string(),
+        };
+        fb.error(id, Code::TooLarge, &why);
     }
 }
 

@@ -14,6 +14,7 @@
 mod conn;
 pub(crate) mod handler;
 pub(crate) mod inproc;
+mod offload;
 
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
@@ -49,11 +50,22 @@ pub struct ServerConfig {
     /// connections). Requests beyond it are answered [`Code::Overloaded`](crate::Code) at
     /// once instead of queueing. Default 50,000.
     pub max_queued: usize,
+    /// Requests (and batch requests) whose payload has at least this many bytes are decoded,
+    /// handled (if the handler does not wait) and their replies encoded on a CPU pool rather
+    /// than on the connection's task, so that large payloads are not capped at one core per
+    /// connection (seeds/000 §5). `usize::MAX` keeps everything on the connection's task.
+    /// Default 64 KiB: below it the hand-off costs more than the work (docs/BENCHMARKS.md).
+    pub offload_min_bytes: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { max_batch: 1000, limits: Limits::default(), max_queued: 50_000 }
+        ServerConfig {
+            max_batch: 1000,
+            limits: Limits::default(),
+            max_queued: 50_000,
+            offload_min_bytes: 64 << 10,
+        }
     }
 }
 
@@ -112,6 +124,14 @@ impl ServerBuilder {
     /// Bound on requests held by unfinished handlers before new ones get `Overloaded`.
     pub fn max_queued(mut self, n: usize) -> Self {
         self.config.max_queued = n;
+        self
+    }
+
+    /// Payload size from which requests are decoded and answered on the codec pool instead of
+    /// the connection's task (default 64 KiB; `usize::MAX` turns it off). See
+    /// [`ServerConfig::offload_min_bytes`].
+    pub fn offload_min_bytes(mut self, n: usize) -> Self {
+        self.config.offload_min_bytes = n;
         self
     }
 
