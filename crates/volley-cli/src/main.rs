@@ -4,6 +4,7 @@ mod bench;
 mod codec_bench;
 mod controller;
 mod echo;
+mod large_bench;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -50,7 +51,8 @@ enum Command {
     },
     /// Echo benchmark: server and load generator in one process, or against `--connect ADDR`
     /// or `--registry ADDR`.
-    /// `volley bench codec` benchmarks the codec tiers instead.
+    /// `volley bench codec` benchmarks the codec tiers instead; `volley bench large` the
+    /// large-payload path.
     Bench(BenchCommand),
 }
 
@@ -70,6 +72,9 @@ enum BenchWhat {
     /// Codec tiers against each other and a bare memcpy: the seed's serialization tables 1-3
     /// (string, Vec<i32>, Vec<POD>, HashMap<String, i32>, HashMap<i32, i32>, hash-table inserts).
     Codec(codec_bench::CodecArgs),
+    /// Large-payload echo over TCP: the server's (de)serialization on the connection's task
+    /// against on the codec pool, side by side (1 MiB, bitcode and JSON).
+    Large(large_bench::LargeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -86,6 +91,7 @@ fn main() -> std::process::ExitCode {
         Command::Controller { listen } => controller::serve(&listen),
         Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Large(args)), .. }) => large_bench::run(args),
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
     };
     match result {
