@@ -27,7 +27,7 @@ use crate::proto::message::FLAG_IDEMPOTENT;
 pub struct BatchOptions {
     /// Requests per chunk (one message on the wire). Default 128, as in the seed.
     pub chunk_size: usize,
-    /// Chunks in flight at once for [`Client::call_batch_stream`] (default 64: 8,192 requests
+    /// Chunks in flight at once for [`Client::call_batch_stream`] (default 256: 32,768 requests
     /// of the default chunk size). [`Client::call_batch`] sends every chunk at once.
     pub window: usize,
     /// Deadline of each chunk; the client's default when `None`.
@@ -38,7 +38,7 @@ pub struct BatchOptions {
 
 impl Default for BatchOptions {
     fn default() -> Self {
-        BatchOptions { chunk_size: 128, window: 64, timeout: None, idempotent: false }
+        BatchOptions { chunk_size: 128, window: 256, timeout: None, idempotent: false }
     }
 }
 
