@@ -45,6 +45,6 @@ pub use error::{Error, Result, Status};
 pub use method::Method;
 pub use proto::Code;
 pub use registry::{Registry, ServiceClient};
-pub use server::{Server, ServerBuilder, ServerConfig};
+pub use server::{Keepalive, Server, ServerBuilder, ServerConfig};
 pub use stats::Snapshot;
 pub use transport::Address;

@@ -49,11 +49,47 @@ pub struct ServerConfig {
     /// connections). Requests beyond it are answered [`Code::Overloaded`](crate::Code) at
     /// once instead of queueing. Default 50,000.
     pub max_queued: usize,
+    /// How long a peer that sent part of a frame may stay silent before its connection is
+    /// closed (a stalled or malicious peer must not hold a buffer and a task forever). An idle
+    /// connection between frames is not affected. Default 30 s; `None`: no limit.
+    pub read_timeout: Option<Duration>,
+    /// Most connections served at once (unix and tcp listeners together). A connection over
+    /// the limit gets a go-away ([`Code::Overloaded`](crate::Code)) and is closed. Default
+    /// 10,000; `None`: no limit.
+    pub max_connections: Option<usize>,
+    /// Pings on idle connections, to find peers that died without closing. Default: a ping
+    /// after 30 s without traffic, the connection closed if nothing arrives 20 s after it.
+    pub keepalive: Option<Keepalive>,
+    /// Tokens a client must present ([`ClientConfig::token`](crate::ClientConfig)) before any
+    /// request is served. Empty (the default): no authentication.
+    pub tokens: Vec<Vec<u8>>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { max_batch: 1000, limits: Limits::default(), max_queued: 50_000 }
+        ServerConfig {
+            max_batch: 1000,
+            limits: Limits::default(),
+            max_queued: 50_000,
+            read_timeout: Some(Duration::from_secs(30)),
+            max_connections: Some(10_000),
+            keepalive: Some(Keepalive::default()),
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// Keepalive settings: after `interval` without receiving anything, send a ping; if nothing
+/// arrives within `timeout` after it, declare the peer dead and close the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive { interval: Duration::from_secs(30), timeout: Duration::from_secs(20) }
     }
 }
 
@@ -121,6 +157,32 @@ impl ServerBuilder {
         self
     }
 
+    /// Closes a connection whose peer sent part of a frame and then nothing for `t`
+    /// (`None`: wait forever). See [`ServerConfig::read_timeout`].
+    pub fn read_timeout(mut self, t: Option<Duration>) -> Self {
+        self.config.read_timeout = t;
+        self
+    }
+
+    /// Most connections served at once; more are refused with a go-away (`Overloaded`).
+    pub fn max_connections(mut self, n: Option<usize>) -> Self {
+        self.config.max_connections = n;
+        self
+    }
+
+    /// Keepalive pings on idle connections (`None`: off).
+    pub fn keepalive(mut self, k: Option<Keepalive>) -> Self {
+        self.config.keepalive = k;
+        self
+    }
+
+    /// Requires clients to present this token (several calls accept any of the tokens, for
+    /// rotation). Tokens are compared in constant time.
+    pub fn token(mut self, token: impl AsRef<[u8]>) -> Self {
+        self.config.tokens.push(token.as_ref().to_vec());
+        self
+    }
+
     pub fn build(self) -> Server {
         Server {
             shared: Arc::new(Shared {
@@ -128,6 +190,8 @@ impl ServerBuilder {
                 config: self.config,
                 counters: Counters::default(),
                 shutdown: CancellationToken::new(),
+                abort: CancellationToken::new(),
+                connections: AtomicUsize::new(0),
                 tasks: TaskTracker::new(),
                 runtime: OnceLock::new(),
                 bound: Mutex::new(Vec::new()),
@@ -159,6 +223,11 @@ pub(crate) struct Shared {
     pub(crate) config: ServerConfig,
     pub(crate) counters: Counters,
     pub(crate) shutdown: CancellationToken,
+    /// Cancelled when a shutdown's drain deadline passes: work still running is dropped and
+    /// its connections closed.
+    pub(crate) abort: CancellationToken,
+    /// Connections being served now.
+    pub(crate) connections: AtomicUsize,
     /// Accept loops, connections, inproc dispatchers and handler batches still running.
     pub(crate) tasks: TaskTracker,
     runtime: OnceLock<Handle>,
@@ -247,10 +316,27 @@ impl Server {
         self.shared.tasks.wait().await;
     }
 
-    /// Like [`shutdown`](Self::shutdown), giving up after `deadline`. Returns whether everything
-    /// finished in time.
+    /// Like [`shutdown`](Self::shutdown), giving up waiting after `deadline` (the drain goes on
+    /// in the background). Returns whether everything finished in time.
     pub async fn shutdown_within(&self, deadline: Duration) -> bool {
         tokio::time::timeout(deadline, self.shutdown()).await.is_ok()
+    }
+
+    /// Graceful shutdown with a drain deadline: like [`shutdown`](Self::shutdown), but requests
+    /// still running when `deadline` passes are dropped, their connections get a go-away
+    /// (`ShuttingDown`) and are closed, so their callers fail at once with a connection error.
+    /// Returns whether everything drained before the deadline.
+    pub async fn shutdown_with_deadline(&self, deadline: Duration) -> bool {
+        let drain = self.shutdown();
+        tokio::pin!(drain);
+        if tokio::time::timeout(deadline, &mut drain).await.is_ok() {
+            return true;
+        }
+        tracing::warn!(?deadline, "drain deadline passed; dropping the requests still running");
+        self.shared.abort.cancel();
+        // Aborted connections close at once; bound the wait anyway (a peer may not read).
+        let _ = tokio::time::timeout(ABORT_GRACE, drain).await;
+        false
     }
 
     /// The server's counters (all connections together).
@@ -275,13 +361,24 @@ impl Server {
     }
 }
 
+/// After the drain deadline, how long aborted connections get to send their go-away and close.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
 async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {
     loop {
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break,
             r = listener.accept() => match r {
-                Ok(stream) => shared.spawn(conn::serve(shared.clone(), stream)),
+                Ok(stream) => {
+                    let n = shared.connections.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    if shared.config.max_connections.is_some_and(|max| n >= max) {
+                        shared.connections.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        shared.spawn(conn::refuse(shared.clone(), stream));
+                    } else {
+                        shared.spawn(conn::serve(shared.clone(), stream));
+                    }
+                }
                 Err(e) => {
                     // Out of file descriptors and the like: say so, back off, keep serving.
                     tracing::warn!(error = %e, "accept failed");
