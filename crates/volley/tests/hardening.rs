@@ -294,3 +294,95 @@ async fn a_server_without_tokens_serves_everyone() {
     }
     s.shutdown().await;
 }
+
+const GUARDED: &str = "hardening-guarded";
+
+/// With a registration credential on the controller: registering, renewing or deregistering
+/// without it (or with a wrong one) is refused with a typed error and leaves the existing
+/// instance exactly as it was; a holder of the credential registers under the same name as
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registering_without_the_credential_is_refused_and_leaves_the_instance_alone() {
+    use volley::registry::wire::{DEREGISTER, LeaseRequest, RENEW};
+    use volley::registry::{Controller, ControllerConfig, InstanceSpec, LeaseConfig, Registry};
+
+    let config = ControllerConfig {
+        registration_credential: Some("reg-s3cret".into()),
+        ..ControllerConfig::default()
+    };
+    let controller = Controller::new(config);
+    let reg_addr = controller.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+
+    let owner = Registry::connect(&reg_addr).await.unwrap();
+    owner.set_registration_credential("reg-s3cret");
+    let a = server().build();
+    let a_addr = a.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let reg_a = owner
+        .register(&a, vec![InstanceSpec::new(GUARDED, a_addr.clone())], LeaseConfig::default())
+        .await
+        .unwrap();
+    let before = owner.resolve(GUARDED).await.unwrap();
+    assert_eq!(before.instances.len(), 1);
+
+    // An intruder: no credential, then a wrong one, trying to take the name.
+    let intruder = Registry::connect(&reg_addr).await.unwrap();
+    let b = server().build();
+    let b_addr = b.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    for cred in ["", "reg-s3cre", "guess"] {
+        intruder.set_registration_credential(cred);
+        let r = intruder
+            .register(&b, vec![InstanceSpec::new(GUARDED, b_addr.clone())], LeaseConfig::default())
+            .await;
+        assert!(matches!(&r, Err(Error::Unauthenticated(_))), "credential {cred:?}: {:?}", r.err());
+        // Renewing or revoking the owner's lease, raw.
+        let raw = Client::connect(&reg_addr).await.unwrap();
+        let lease = LeaseRequest { lease: reg_a.lease(), credential: cred.into() };
+        let r = raw.call(&DEREGISTER, lease.clone()).await;
+        assert_eq!(r.as_ref().err().and_then(Error::code), Some(Code::Unauthenticated), "{r:?}");
+        let r = raw.call(&RENEW, lease).await;
+        assert_eq!(r.as_ref().err().and_then(Error::code), Some(Code::Unauthenticated), "{r:?}");
+    }
+    let after = owner.resolve(GUARDED).await.unwrap();
+    assert_eq!(after.instances, before.instances, "the refused calls changed the registry");
+    assert_eq!(after.revision, before.revision);
+
+    // The credential's holder adds a second instance under the same name, as before.
+    let c = server().build();
+    let c_addr = c.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    owner
+        .register(&c, vec![InstanceSpec::new(GUARDED, c_addr.clone())], LeaseConfig::default())
+        .await
+        .unwrap();
+    let mut addrs: Vec<String> =
+        owner.resolve(GUARDED).await.unwrap().instances.into_iter().map(|i| i.address).collect();
+    addrs.sort();
+    let mut want = vec![a_addr, c_addr];
+    want.sort();
+    assert_eq!(addrs, want);
+    // And its own deregistration (at shutdown) works.
+    a.shutdown().await;
+    let left: Vec<String> =
+        owner.resolve(GUARDED).await.unwrap().instances.into_iter().map(|i| i.address).collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    c.shutdown().await;
+    b.shutdown().await;
+    controller.shutdown().await;
+}
+
+const WHO_ASKS: Method<(), String> = Method::new("hardening", "who_asks");
+
+/// A handler can name the peer it serves (what refusals log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_see_the_peer_address() {
+    let s = Server::builder()
+        .handle(&WHO_ASKS, |()| async move {
+            Ok(volley::server::current_peer().map(|p| p.to_string()).unwrap_or_default())
+        })
+        .build();
+    let addr = s.listen("tcp://127.0.0.1:0").await.unwrap();
+    let c = Client::connect(&addr.to_string()).await.unwrap();
+    let peer = c.call(&WHO_ASKS, ()).await.unwrap();
+    assert!(peer.starts_with("tcp://127.0.0.1:"), "{peer:?}");
+    assert_ne!(peer, addr.to_string(), "the client's address, not the server's");
+    s.shutdown().await;
+}

@@ -57,7 +57,7 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
     let inflight = TaskTracker::new();
     let mut reader = FrameReader::new(rd, limits).with_read_timeout(shared.config.read_timeout);
     let mut batch = Vec::new();
-    let mut dispatch = Dispatch::default();
+    let mut dispatch = Dispatch { peer: Some(peer.as_str().into()), ..Dispatch::default() };
     let mut authenticated = shared.config.tokens.is_empty();
     // Keepalive without a clock read per batch: a timer fires every interval and compares a
     // count of reads with the count it saw last time.
@@ -200,6 +200,8 @@ struct Dispatch {
     ready: Vec<Box<dyn ReplyWriter>>,
     errors: Vec<(u64, Status)>,
     pongs: Vec<u64>,
+    /// The peer's address, the [`current_peer`](super::current_peer) of its handlers.
+    peer: Option<Arc<str>>,
 }
 
 impl Dispatch {
@@ -334,7 +336,10 @@ impl Dispatch {
     ) {
         // The noop waker is safe: a pending future is spawned, and its task polls it again
         // with a real waker.
-        match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        let first = super::with_peer(self.peer.as_ref(), || {
+            fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        });
+        match first {
             Poll::Ready(w) => self.ready.push(w),
             Poll::Pending => {
                 shared.queued.fetch_add(n, Ordering::Relaxed);

@@ -361,6 +361,27 @@ impl Server {
     }
 }
 
+thread_local! {
+    static CURRENT_PEER: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The address of the peer whose request is being handled, for logs (a handler that refuses
+/// something says who asked). Known during the synchronous start of a handler — before its
+/// first `.await` — on unix and tcp connections; `None` elsewhere (inproc calls, and after
+/// the handler first waited).
+pub fn current_peer() -> Option<Arc<str>> {
+    CURRENT_PEER.with(|p| p.borrow().clone())
+}
+
+/// Runs `f` (the first poll of a handler) with `peer` as the [`current_peer`].
+pub(crate) fn with_peer<R>(peer: Option<&Arc<str>>, f: impl FnOnce() -> R) -> R {
+    let Some(peer) = peer else { return f() };
+    let before = CURRENT_PEER.with(|p| p.replace(Some(peer.clone())));
+    let r = f();
+    CURRENT_PEER.with(|p| *p.borrow_mut() = before);
+    r
+}
+
 /// After the drain deadline, how long aborted connections get to send their go-away and close.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
