@@ -29,6 +29,8 @@
 pub mod client;
 pub mod codec;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod method;
 pub mod proto;
 pub mod registry;
