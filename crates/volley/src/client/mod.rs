@@ -64,6 +64,9 @@ pub struct ClientConfig {
     /// without closing: pending calls then fail with a connection error. Default: a ping after
     /// 30 s without traffic, the connection declared dead 20 s after it. `None`: off.
     pub keepalive: Option<crate::server::Keepalive>,
+    /// TLS settings for `tls://` addresses (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::transport::tls::TlsClient>,
 }
 
 impl Default for ClientConfig {
@@ -78,6 +81,8 @@ impl Default for ClientConfig {
             shared_sequence: None,
             token: None,
             keepalive: Some(crate::server::Keepalive::default()),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -312,6 +317,19 @@ impl Inner {
                     let _ = s.set_nodelay(true);
                     Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
                 }
+                #[cfg(feature = "tls")]
+                Address::Tls(a) => {
+                    let tls = self.config.tls.as_ref().ok_or_else(|| {
+                        Error::Usage(format!("connect to {}: no TLS settings (ClientConfig::tls)", self.addr))
+                    })?;
+                    let s = tls.connect(a).await?;
+                    Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
+                }
+                #[cfg(not(feature = "tls"))]
+                Address::Tls(_) => Err(Error::InvalidAddress {
+                    addr: self.addr.to_string(),
+                    reason: "tls:// needs volley's `tls` feature".into(),
+                }),
                 Address::Unix(p) => {
                     let s = UnixStream::connect(p)
                         .await

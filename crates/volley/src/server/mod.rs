@@ -63,6 +63,9 @@ pub struct ServerConfig {
     /// Tokens a client must present ([`ClientConfig::token`](crate::ClientConfig)) before any
     /// request is served. Empty (the default): no authentication.
     pub tokens: Vec<Vec<u8>>,
+    /// Certificate and key for `tls://` listeners (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::transport::tls::TlsServer>,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +78,8 @@ impl Default for ServerConfig {
             max_connections: Some(10_000),
             keepalive: Some(Keepalive::default()),
             tokens: Vec::new(),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -183,6 +188,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Certificate, key and (for mutual TLS) client CA for `tls://` listeners.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::transport::tls::TlsServer) -> Self {
+        self.config.tls = Some(tls);
+        self
+    }
+
     pub fn build(self) -> Server {
         Server {
             shared: Arc::new(Shared {
@@ -283,6 +295,28 @@ impl Server {
                 self.shared.spawn(accept_loop(shared, l));
                 Address::Tcp(local.to_string())
             }
+            #[cfg(feature = "tls")]
+            Address::Tls(a) => {
+                let tls = self.shared.config.tls.clone().ok_or_else(|| {
+                    Error::Usage(format!(
+                        "listen on {addr}: the server has no TLS certificate (ServerBuilder::tls)"
+                    ))
+                })?;
+                let l = TcpListener::bind(a.as_str())
+                    .await
+                    .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
+                let local = l.local_addr().map_err(|e| Error::io("local address", e))?;
+                let shared = self.shared.clone();
+                self.shared.spawn(accept_loop_tls(shared, l, tls));
+                Address::Tls(local.to_string())
+            }
+            #[cfg(not(feature = "tls"))]
+            Address::Tls(_) => {
+                return Err(Error::InvalidAddress {
+                    addr: addr.to_string(),
+                    reason: "tls:// needs volley's `tls` feature".into(),
+                });
+            }
             Address::Unix(path) => {
                 remove_stale_socket(path).await;
                 let l = UnixListener::bind(path).map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
@@ -306,7 +340,7 @@ impl Server {
                 Address::Unix(path) => {
                     let _ = std::fs::remove_file(path);
                 }
-                Address::Tcp(_) => {}
+                Address::Tcp(_) | Address::Tls(_) => {}
             }
         }
         for route in self.shared.router.routes() {
@@ -407,6 +441,54 @@ async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {
                 }
             },
         }
+    }
+}
+
+/// Accepts tcp connections and runs each one's TLS handshake in its own task (a slow or
+/// hostile handshake holds up nothing else), bounded by the read timeout (10 s without one).
+#[cfg(feature = "tls")]
+async fn accept_loop_tls(shared: Arc<Shared>, listener: TcpListener, tls: crate::transport::tls::TlsServer) {
+    use std::sync::atomic::Ordering::AcqRel;
+    loop {
+        let tcp = tokio::select! {
+            biased;
+            _ = shared.shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let n = shared.connections.fetch_add(1, AcqRel);
+        let over = shared.config.max_connections.is_some_and(|max| n >= max);
+        let (shared2, tls) = (shared.clone(), tls.clone());
+        shared.spawn(async move {
+            let peer = tcp.peer_addr().map(|a| format!("tls://{a}")).unwrap_or_else(|_| "tls://?".into());
+            let limit = shared2.config.read_timeout.unwrap_or(Duration::from_secs(10));
+            let stream = match tokio::time::timeout(limit, tls.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                    shared2.connections.fetch_sub(1, AcqRel);
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, ?limit, "TLS handshake timed out");
+                    shared2.connections.fetch_sub(1, AcqRel);
+                    return;
+                }
+            };
+            if over {
+                shared2.connections.fetch_sub(1, AcqRel);
+                conn::refuse(shared2, stream).await;
+            } else {
+                conn::serve(shared2, stream).await;
+            }
+        });
     }
 }
 
