@@ -33,6 +33,10 @@ pub enum Error {
     /// An address that does not parse or names an unsupported scheme.
     #[error("invalid address {addr:?}: {reason}")]
     InvalidAddress { addr: String, reason: String },
+    /// The server refused the connection's credential (no token, or a wrong one), or the
+    /// registry refused a registration without its credential. Retrying will not help.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
     /// The client or server was shut down.
     #[error("closed")]
     Closed,

@@ -29,6 +29,8 @@
 pub mod client;
 pub mod codec;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod method;
 pub mod proto;
 pub mod registry;
@@ -45,6 +47,6 @@ pub use error::{Error, Result, Status};
 pub use method::Method;
 pub use proto::Code;
 pub use registry::{Registry, ServiceClient};
-pub use server::{Server, ServerBuilder, ServerConfig};
+pub use server::{Keepalive, Server, ServerBuilder, ServerConfig};
 pub use stats::Snapshot;
 pub use transport::Address;

@@ -72,7 +72,9 @@ fn million_item_stream_has_bounded_peak_heap() {
         // What the window holds: its requests, their replies, and the frames carrying both.
         let opts = BatchOptions::default();
         let window = opts.window * opts.chunk_size * ITEM_BYTES;
-        eprintln!("peak heap above baseline: {peak} bytes; window {window} bytes; all items: {all_items} bytes");
+        eprintln!(
+            "peak heap above baseline: {peak} bytes; window {window} bytes; all items: {all_items} bytes"
+        );
         assert!(window * 6 <= all_items / 2, "the test's batch is not much larger than the window");
         assert!(
             peak < window * 6,

@@ -46,6 +46,7 @@ fn push(fb: &mut FrameBuilder, m: &Message, via_bytes: bool) {
         Message::Ping { token } => fb.ping(*token),
         Message::Pong { token } => fb.pong(*token),
         Message::GoAway { code, message } => fb.go_away(*code, &s(message)),
+        Message::Auth { token } => fb.auth(token),
         Message::BatchRequest { id, flags, service, method, items } => {
             let payloads: Vec<Bytes> = items.requests().collect();
             fb.batch_request::<_, ()>(*id, *flags, &s(service), &s(method), &payloads, |p, b| {
@@ -227,6 +228,7 @@ fn message_strategy(max_payload: usize) -> impl Strategy<Value = (Message, bool)
         any::<u64>().prop_map(|token| Message::Ping { token }),
         any::<u64>().prop_map(|token| Message::Pong { token }),
         (code_strategy(), text_strategy()).prop_map(|(code, message)| Message::GoAway { code, message }),
+        payload_strategy(max_payload.min(4096)).prop_map(|token| Message::Auth { token }),
         batch_request_strategy(),
         batch_reply_strategy(),
     ];
@@ -493,7 +495,7 @@ fn truncated_message_inside_a_frame_is_malformed() {
 #[test]
 fn unknown_kind_byte() {
     let limits = Limits::default();
-    for kind in [0x00u8, 0x0a, 0x63, 0xff] {
+    for kind in [0x00u8, 0x0b, 0x63, 0xff] {
         // Through the decoder, after a valid preamble, with a valid message before it.
         let mut body = vec![Kind::Ping as u8];
         body.extend_from_slice(&1u64.to_le_bytes());

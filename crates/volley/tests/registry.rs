@@ -138,6 +138,7 @@ async fn lease_expiry_removes_an_instance_and_renewal_keeps_one() {
         lease: 0,
         ttl_ms: ttl.as_millis() as u64,
         instances: vec![InstanceSpec::new("lapsing", "tcp://127.0.0.1:1")],
+        credential: String::new(),
     };
     let t0 = Instant::now();
     let registered = raw.call(&REGISTER, req).await.unwrap();
@@ -214,6 +215,7 @@ async fn a_watch_delivers_added_and_removed_instances_within_the_lease_time() {
         lease: 0,
         ttl_ms: ttl.as_millis() as u64,
         instances: vec![InstanceSpec::new(SERVICE, c_addr.clone())],
+        credential: String::new(),
     };
     raw.call(&REGISTER, req).await.unwrap();
     wait_until(ttl, "the third instance to reach the client", || cached_addresses(&client).contains(&c_addr))
@@ -833,6 +835,7 @@ async fn instances_that_cannot_be_reached_are_skipped_even_for_non_idempotent_ca
         lease: 0,
         ttl_ms: 60_000,
         instances: vec![InstanceSpec::new(SERVICE, closed_port), InstanceSpec::new(SERVICE, gone_addr)],
+        credential: String::new(),
     };
     raw.call(&REGISTER, req).await.unwrap();
     let live = instance("live", Arc::default());

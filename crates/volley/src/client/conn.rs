@@ -22,6 +22,10 @@ use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::stream::ByteStream;
 
 pub(crate) struct StreamConn {
+    /// Cancelled when the connection fails: stops the reader and the keepalive task.
+    dead: tokio_util::sync::CancellationToken,
+    /// Read turns so far (the keepalive task compares it between its ticks).
+    reads: AtomicU64,
     outbox: Outbox,
     pending: Pending,
     alive: AtomicBool,
@@ -44,6 +48,15 @@ struct FlowControl {
     bytes: AtomicUsize,
     max_bytes: usize,
     room: Notify,
+}
+
+/// Settings of a new connection (from [`ClientConfig`](super::ClientConfig)).
+#[derive(Debug, Clone)]
+pub(crate) struct ConnOptions {
+    pub limits: Limits,
+    pub flow: FlowLimits,
+    pub token: Option<Vec<u8>>,
+    pub keepalive: Option<crate::server::Keepalive>,
 }
 
 /// Flow-control settings of a connection (see [`ClientConfig`](super::ClientConfig)).
@@ -125,16 +138,19 @@ struct Sweeper {
 
 impl StreamConn {
     /// Starts the reader and writer tasks of a freshly connected stream.
-    pub fn start<S: ByteStream>(
-        stream: S,
-        limits: Limits,
-        flow: FlowLimits,
-        counters: Arc<Counters>,
-    ) -> Arc<StreamConn> {
+    pub fn start<S: ByteStream>(stream: S, opts: ConnOptions, counters: Arc<Counters>) -> Arc<StreamConn> {
+        let (limits, flow) = (opts.limits, opts.flow);
         let peer = stream.peer();
         let (rd, wr) = stream.into_halves();
+        let outbox = Outbox::new(limits);
+        if let Some(token) = &opts.token {
+            // The first message of the connection (the server reads nothing before it).
+            let _ = outbox.push(|fb| fb.auth(token));
+        }
         let conn = Arc::new(StreamConn {
-            outbox: Outbox::new(limits),
+            dead: Default::default(),
+            reads: AtomicU64::new(0),
+            outbox,
             pending: Pending::default(),
             alive: AtomicBool::new(true),
             counters,
@@ -152,7 +168,41 @@ impl StreamConn {
         tokio::spawn(async move { c.read_loop(FrameReader::new(rd, limits)).await });
         let c = conn.clone();
         tokio::spawn(async move { c.sweep_loop().await });
+        if let Some(k) = opts.keepalive {
+            let c = conn.clone();
+            tokio::spawn(async move { c.keepalive_loop(k).await });
+        }
         conn
+    }
+
+    /// Pings when nothing arrived for `k.interval`; fails the connection (and with it every
+    /// pending call, once) when nothing arrives within `k.timeout` after the ping.
+    async fn keepalive_loop(self: Arc<Self>, k: crate::server::Keepalive) {
+        let mut seen = self.reads.load(Ordering::Relaxed);
+        let mut ping_out = false;
+        loop {
+            let wait = if ping_out { k.timeout } else { k.interval };
+            tokio::select! {
+                _ = self.dead.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let now = self.reads.load(Ordering::Relaxed);
+            if now != seen {
+                (seen, ping_out) = (now, false);
+            } else if !ping_out {
+                if self.outbox.push(|fb| fb.ping(now)).is_err() {
+                    return;
+                }
+                ping_out = true;
+            } else {
+                tracing::warn!(peer = %self.peer, "connection dead: no answer to a keepalive ping");
+                self.fail(Error::Connection(format!(
+                    "{}: no answer to a keepalive ping within {:?}",
+                    self.peer, k.timeout
+                )));
+                return;
+            }
+        }
     }
 
     pub fn is_alive(&self) -> bool {
@@ -166,6 +216,7 @@ impl StreamConn {
     }
 
     fn fail(&self, err: Error) {
+        self.dead.cancel();
         self.alive.store(false, Ordering::Relaxed);
         self.outbox.close();
         self.pending.fail_all(err);
@@ -200,9 +251,20 @@ impl StreamConn {
         // The reason the server gave before closing, if it did. Calls still pending then were
         // never started by the server: it answers everything it started before saying goodbye.
         let mut go_away: Option<String> = None;
+        let mut refused = false;
         let err = loop {
-            match reader.read_batch(&mut batch, usize::MAX, &self.counters).await {
+            let read = tokio::select! {
+                r = reader.read_batch(&mut batch, usize::MAX, &self.counters) => r,
+                // Failed elsewhere (keepalive, writer): `fail` already ended every call.
+                _ = self.dead.cancelled() => return,
+            };
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            match read {
                 Ok(true) => {}
+                Ok(false) if refused => {
+                    let why = go_away.as_deref().unwrap_or("refused");
+                    break Error::Unauthenticated(format!("{}: {why}", self.peer));
+                }
                 Ok(false) => {
                     let why = go_away.as_deref().unwrap_or("closed the connection");
                     break Error::Connection(format!("{}: {why}", self.peer));
@@ -212,6 +274,7 @@ impl StreamConn {
                     let _ = self.outbox.push(|fb| fb.go_away(Code::Protocol, &e.to_string()));
                     break Error::Protocol(e);
                 }
+                Err(e) if refused => break Error::Unauthenticated(format!("{}: {e}", self.peer)),
                 Err(e) => break Error::Connection(format!("{}: {e}", self.peer)),
             }
             let mut pings = Vec::new();
@@ -226,10 +289,12 @@ impl StreamConn {
                     None
                 }
                 Message::GoAway { code, message } => {
+                    refused |= code == Code::Unauthenticated;
                     go_away = Some(format!("server going away ({code}): {}", as_str(&message)));
                     None
                 }
-                Message::Pong { .. }
+                Message::Auth { .. }
+                | Message::Pong { .. }
                 | Message::Request { .. }
                 | Message::BatchRequest { .. }
                 | Message::Cancel { .. } => None,

@@ -57,6 +57,16 @@ pub struct ClientConfig {
     /// client under one `client_id` (a `ServiceClient`'s connections to each instance of a
     /// service), so that their request ids stay unique together. `None`: a sequence of its own.
     pub shared_sequence: Option<Arc<AtomicU32>>,
+    /// The token presented to servers that require one (sent first on every connection; see
+    /// [`ServerBuilder::token`](crate::ServerBuilder::token)). `None`: no token.
+    pub token: Option<Vec<u8>>,
+    /// Pings when nothing arrived for a while, to find a server (or network path) that died
+    /// without closing: pending calls then fail with a connection error. Default: a ping after
+    /// 30 s without traffic, the connection declared dead 20 s after it. `None`: off.
+    pub keepalive: Option<crate::server::Keepalive>,
+    /// TLS settings for `tls://` addresses (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::transport::tls::TlsClient>,
 }
 
 impl Default for ClientConfig {
@@ -69,6 +79,10 @@ impl Default for ClientConfig {
             max_in_flight: 65_536,
             max_in_flight_bytes: 64 << 20,
             shared_sequence: None,
+            token: None,
+            keepalive: Some(crate::server::Keepalive::default()),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -272,7 +286,25 @@ impl Inner {
         }
     }
 
+    fn conn_options(&self) -> conn::ConnOptions {
+        conn::ConnOptions {
+            limits: self.config.limits,
+            flow: self.flow_limits(),
+            token: self.config.token.clone(),
+            keepalive: self.config.keepalive,
+        }
+    }
+
     async fn open(&self) -> Result<Conn, Error> {
+        if let Some(t) = &self.config.token
+            && t.len() > crate::proto::message::MAX_TOKEN_LEN
+        {
+            return Err(Error::Usage(format!(
+                "a token of {} bytes exceeds the limit of {}",
+                t.len(),
+                crate::proto::message::MAX_TOKEN_LEN
+            )));
+        }
         let connect = async {
             match &self.addr {
                 Address::Inproc(name) => registry::lookup(name).map(Conn::Inproc).ok_or_else(|| {
@@ -283,23 +315,26 @@ impl Inner {
                         .await
                         .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
                     let _ = s.set_nodelay(true);
-                    Ok(Conn::Stream(StreamConn::start(
-                        s,
-                        self.config.limits,
-                        self.flow_limits(),
-                        self.counters.clone(),
-                    )))
+                    Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
                 }
+                #[cfg(feature = "tls")]
+                Address::Tls(a) => {
+                    let tls = self.config.tls.as_ref().ok_or_else(|| {
+                        Error::Usage(format!("connect to {}: no TLS settings (ClientConfig::tls)", self.addr))
+                    })?;
+                    let s = tls.connect(a).await?;
+                    Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
+                }
+                #[cfg(not(feature = "tls"))]
+                Address::Tls(_) => Err(Error::InvalidAddress {
+                    addr: self.addr.to_string(),
+                    reason: "tls:// needs volley's `tls` feature".into(),
+                }),
                 Address::Unix(p) => {
                     let s = UnixStream::connect(p)
                         .await
                         .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
-                    Ok(Conn::Stream(StreamConn::start(
-                        s,
-                        self.config.limits,
-                        self.flow_limits(),
-                        self.counters.clone(),
-                    )))
+                    Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
                 }
             }
         };

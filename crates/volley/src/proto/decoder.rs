@@ -165,6 +165,13 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
                 c.pos += used;
                 Message::BatchReply { id, items }
             }
+            Kind::Auth => {
+                let n = c.u16()? as usize;
+                if n > super::message::MAX_TOKEN_LEN {
+                    return Err(ProtocolError::Malformed("auth token longer than 4096 bytes"));
+                }
+                Message::Auth { token: c.take(n)? }
+            }
         };
         out.push(msg);
     }

@@ -230,6 +230,17 @@ impl FrameBuilder {
         });
     }
 
+    /// Queues an auth message carrying `token` (at most
+    /// [`MAX_TOKEN_LEN`](super::message::MAX_TOKEN_LEN) bytes; longer tokens are refused by
+    /// the receiver, so callers check).
+    pub fn auth(&mut self, token: &[u8]) {
+        self.fixed(|b| {
+            b.put_u8(Kind::Auth as u8);
+            b.put_u16_le(token.len() as u16);
+            b.put_slice(token);
+        });
+    }
+
     /// Closes the open frame and moves everything queued into `out`, in write order.
     /// The builder keeps its buffer's spare capacity for the next messages.
     pub fn take_into(&mut self, out: &mut Vec<Bytes>) {

@@ -19,6 +19,7 @@ pub enum Kind {
     GoAway = 0x07,
     BatchRequest = 0x08,
     BatchReply = 0x09,
+    Auth = 0x0a,
 }
 
 impl Kind {
@@ -33,6 +34,7 @@ impl Kind {
             0x07 => Kind::GoAway,
             0x08 => Kind::BatchRequest,
             0x09 => Kind::BatchReply,
+            0x0a => Kind::Auth,
             _ => return None,
         })
     }
@@ -168,7 +170,15 @@ pub enum Message {
         id: u64,
         items: super::batch::BatchItems,
     },
+    /// A client's credential: the first message of a connection to a server that requires
+    /// one (`docs/PROTOCOL.md` §6.11).
+    Auth {
+        token: Bytes,
+    },
 }
+
+/// Longest token an [`Message::Auth`] may carry (its length travels in a `u16`).
+pub const MAX_TOKEN_LEN: usize = 4096;
 
 /// Request flag bit: the caller marked the call idempotent (safe to retry elsewhere).
 pub const FLAG_IDEMPOTENT: u8 = 0x01;

@@ -30,6 +30,8 @@ pub struct Registry {
 
 struct Inner {
     address: String,
+    /// Sent with register, renew and deregister (empty: none).
+    credential: parking_lot::RwLock<String>,
     client: Client,
     client_id: u32,
     sequence: Arc<AtomicU32>,
@@ -89,6 +91,7 @@ impl Registry {
         Ok(Registry {
             inner: Arc::new(Inner {
                 address: addr.to_string(),
+                credential: Default::default(),
                 client,
                 client_id,
                 sequence,
@@ -100,6 +103,18 @@ impl Registry {
                 received: AtomicU64::new(1),
             }),
         })
+    }
+
+    /// The registration credential presented when registering, renewing and deregistering
+    /// instances through this connection (see
+    /// [`ControllerConfig::registration_credential`](super::ControllerConfig)). Applies to the
+    /// clones of this `Registry` too.
+    pub fn set_registration_credential(&self, credential: impl Into<String>) {
+        *self.inner.credential.write() = credential.into();
+    }
+
+    fn credential(&self) -> String {
+        self.inner.credential.read().clone()
     }
 
     /// The client id the registry allocated to this client.
@@ -182,23 +197,38 @@ impl Registry {
 
     pub(crate) async fn register_raw(
         &self,
-        req: RegisterRequest,
+        mut req: RegisterRequest,
         timeout: Duration,
     ) -> Result<Registered, Error> {
-        self.call(&REGISTER, req, Some(timeout)).await
+        if req.credential.is_empty() {
+            req.credential = self.credential();
+        }
+        self.call(&REGISTER, req, Some(timeout)).await.map_err(unauthenticated)
     }
 
     pub(crate) async fn renew(&self, lease: u64, timeout: Duration) -> Result<Renewed, Error> {
-        self.call(&RENEW, lease, Some(timeout)).await
+        let req = LeaseRequest { lease, credential: self.credential() };
+        self.call(&RENEW, req, Some(timeout)).await.map_err(unauthenticated)
     }
 
     pub(crate) async fn deregister(&self, lease: u64, timeout: Duration) -> Result<u32, Error> {
-        self.call(&DEREGISTER, lease, Some(timeout)).await
+        let req = LeaseRequest { lease, credential: self.credential() };
+        self.call(&DEREGISTER, req, Some(timeout)).await.map_err(unauthenticated)
     }
 
     /// Relayed mode: the controller forwards the call and relays the outcome.
     pub(crate) async fn relay(&self, req: RelayRequest, timeout: Duration) -> Result<RelayReply, Error> {
         self.call(&RELAY, req, Some(timeout + MARGIN)).await
+    }
+}
+
+/// The controller's refusal of a missing or wrong registration credential, as the typed error.
+fn unauthenticated(e: Error) -> Error {
+    match e {
+        Error::Remote(s) if s.code == crate::proto::Code::Unauthenticated => {
+            Error::Unauthenticated(s.message)
+        }
+        other => other,
     }
 }
 

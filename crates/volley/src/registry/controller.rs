@@ -43,6 +43,13 @@ pub struct ControllerConfig {
     pub relay_balance: Balance,
     /// Connections from the relay to instances (timeouts; the client id is allocated).
     pub relay_client: ClientConfig,
+    /// When set, `register`, `renew` and `deregister` are refused (`Code::Unauthenticated`)
+    /// unless they carry this credential, so no one without it can register an instance under
+    /// a service name or remove someone else's. Separate from the call tokens.
+    pub registration_credential: Option<String>,
+    /// Tokens a connection to the controller must present (as any Volley server's
+    /// [`ServerBuilder::token`](crate::ServerBuilder::token)). Empty: none.
+    pub tokens: Vec<Vec<u8>>,
 }
 
 impl Default for ControllerConfig {
@@ -55,6 +62,8 @@ impl Default for ControllerConfig {
             settle: super::DEFAULT_TTL,
             relay_balance: Balance::LeastOutstanding,
             relay_client: ClientConfig::default(),
+            registration_credential: None,
+            tokens: Vec::new(),
         }
     }
 }
@@ -177,7 +186,11 @@ fn build_server(st: &Arc<State>) -> Server {
             }
         }};
     }
-    Server::builder()
+    let mut builder = Server::builder();
+    for t in &st.config.tokens {
+        builder = builder.token(t);
+    }
+    builder
         .handle(&REGISTER, with_state!(register))
         .handle(&RENEW, with_state!(renew))
         .handle(&DEREGISTER, with_state!(deregister))
@@ -234,7 +247,30 @@ impl State {
     }
 }
 
+/// Refuses a registry change without the registration credential (when one is configured).
+/// Runs before the handler's first await, so the peer's address is known for the log.
+fn check_credential(
+    st: &State,
+    presented: &str,
+    what: &str,
+    detail: &dyn std::fmt::Debug,
+) -> Result<(), Status> {
+    use subtle::ConstantTimeEq;
+    let Some(expected) = &st.config.registration_credential else { return Ok(()) };
+    if bool::from(expected.as_bytes().ct_eq(presented.as_bytes())) {
+        return Ok(());
+    }
+    let peer = crate::server::current_peer();
+    let peer = peer.as_deref().unwrap_or("unknown peer");
+    let why =
+        if presented.is_empty() { "no registration credential" } else { "wrong registration credential" };
+    tracing::warn!(%peer, what, ?detail, "refused: {why}");
+    Err(Status::new(Code::Unauthenticated, format!("{what} refused: {why}")))
+}
+
 async fn register(st: Arc<State>, r: RegisterRequest) -> Result<Registered, Status> {
+    let instances: Vec<_> = r.instances.iter().map(|i| format!("{}@{}", i.service, i.address)).collect();
+    check_credential(&st, &r.credential, "register", &instances)?;
     let (lease, ttl) = if r.lease == 0 {
         let ttl = st.ttl(r.ttl_ms);
         (st.store.grant(ttl).await.map_err(status)?, ttl)
@@ -255,7 +291,9 @@ async fn register(st: Arc<State>, r: RegisterRequest) -> Result<Registered, Stat
     }
 }
 
-async fn renew(st: Arc<State>, lease: u64) -> Result<Renewed, Status> {
+async fn renew(st: Arc<State>, r: LeaseRequest) -> Result<Renewed, Status> {
+    check_credential(&st, &r.credential, "renew", &r.lease)?;
+    let lease = r.lease;
     match st.store.renew(lease).await {
         Ok(ttl) => Ok(Renewed { known: true, ttl_ms: ttl.as_millis() as u64 }),
         Err(StoreError::UnknownLease(_)) => Ok(Renewed { known: false, ttl_ms: 0 }),
@@ -263,7 +301,9 @@ async fn renew(st: Arc<State>, lease: u64) -> Result<Renewed, Status> {
     }
 }
 
-async fn deregister(st: Arc<State>, lease: u64) -> Result<u32, Status> {
+async fn deregister(st: Arc<State>, r: LeaseRequest) -> Result<u32, Status> {
+    check_credential(&st, &r.credential, "deregister", &r.lease)?;
+    let lease = r.lease;
     match st.store.revoke(lease).await {
         Ok(n) => {
             tracing::info!(lease, instances = n, "deregistered");

@@ -130,8 +130,12 @@ async fn register_once(
     instances: &[InstanceSpec],
     lease: &LeaseConfig,
 ) -> Result<Registered, Error> {
-    let req =
-        RegisterRequest { lease: 0, ttl_ms: lease.ttl.as_millis() as u64, instances: instances.to_vec() };
+    let req = RegisterRequest {
+        lease: 0,
+        ttl_ms: lease.ttl.as_millis() as u64,
+        instances: instances.to_vec(),
+        credential: String::new(),
+    };
     registry.register_raw(req, lease.renew_every()).await
 }
 

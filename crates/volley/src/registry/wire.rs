@@ -22,10 +22,10 @@ pub const SERVICE: &str = "volley.registry";
 /// Register instances under a lease (a new one if `lease` is 0).
 pub const REGISTER: Method<RegisterRequest, Registered> = Method::new(SERVICE, "register");
 /// Renew a lease: its instances stay listed for another lease time.
-pub const RENEW: Method<u64, Renewed> = Method::new(SERVICE, "renew");
+pub const RENEW: Method<LeaseRequest, Renewed> = Method::new(SERVICE, "renew");
 /// Revoke a lease: its instances are removed at once (graceful shutdown). Replies with the
 /// number of instances removed.
-pub const DEREGISTER: Method<u64, u32> = Method::new(SERVICE, "deregister");
+pub const DEREGISTER: Method<LeaseRequest, u32> = Method::new(SERVICE, "deregister");
 /// The instances of a service, now.
 pub const RESOLVE: Method<String, Resolved> = Method::new(SERVICE, "resolve");
 /// Long poll: replies as soon as the service changed after `from_revision`, or at the timeout
@@ -95,6 +95,15 @@ pub struct RegisterRequest {
     /// Lease time for a new lease, in milliseconds (the controller clamps it to its bounds).
     pub ttl_ms: u64,
     pub instances: Vec<InstanceSpec>,
+    /// The registration credential, when the controller requires one (empty: none).
+    pub credential: String,
+}
+
+/// A lease to renew or revoke, with the registration credential (empty: none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRequest {
+    pub lease: u64,
+    pub credential: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,7 +178,17 @@ pub struct ListedInstance {
     pub expires_in_ms: u64,
 }
 
-crate::wire!(InstanceSpec, Instance, RegisterRequest, Registered, Renewed, Resolved, WatchRequest, Listing);
+crate::wire!(
+    InstanceSpec,
+    Instance,
+    RegisterRequest,
+    LeaseRequest,
+    Registered,
+    Renewed,
+    Resolved,
+    WatchRequest,
+    Listing
+);
 
 /// Which instance a relayed call goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]

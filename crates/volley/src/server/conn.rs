@@ -3,6 +3,9 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use subtle::ConstantTimeEq;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -24,24 +27,45 @@ enum End {
     Shutdown,
     Protocol(ProtocolError),
     Io(String),
+    /// The peer sent part of a frame and then nothing for the read timeout.
+    Stalled(String),
+    /// Keepalive: nothing arrived within the timeout after a ping.
+    Dead,
+    /// The peer did not present a token the server accepts.
+    Unauthenticated(&'static str),
 }
 
 /// Serves `stream` until the peer leaves, breaks the protocol, or the server shuts down.
 pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
+    // The accept loop counted this connection; it stops counting when serving ends.
+    struct Counted(Arc<Shared>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.connections.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    let _counted = Counted(shared.clone());
     let peer = stream.peer();
     let (rd, wr) = stream.into_halves();
     let limits = shared.config.limits;
     let outbox = Arc::new(Outbox::new(limits));
-    let writer = {
+    let mut writer = {
         let (outbox, shared) = (outbox.clone(), shared.clone());
         tokio::spawn(async move { outbox.write_loop(wr, &shared.counters, true).await })
     };
     // Handler batches that did not finish on their first poll run as tasks tracked here, so
     // the connection closes only after their replies are queued.
     let inflight = TaskTracker::new();
-    let mut reader = FrameReader::new(rd, limits);
+    let mut reader = FrameReader::new(rd, limits).with_read_timeout(shared.config.read_timeout);
     let mut batch = Vec::new();
-    let mut dispatch = Dispatch::default();
+    let mut dispatch = Dispatch { peer: Some(peer.as_str().into()), ..Dispatch::default() };
+    let mut authenticated = shared.config.tokens.is_empty();
+    // Keepalive without a clock read per batch: a timer fires every interval and compares a
+    // count of reads with the count it saw last time.
+    let keepalive = shared.config.keepalive;
+    let tick = tokio::time::sleep(keepalive.map_or(Duration::from_secs(3600), |k| k.interval));
+    tokio::pin!(tick);
+    let (mut reads, mut reads_seen, mut ping_out) = (0u64, 0u64, false);
     let end = loop {
         let read = tokio::select! {
             biased;
@@ -51,20 +75,50 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
                 reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters).await
             } => r,
             _ = shared.shutdown.cancelled() => break End::Shutdown,
+            () = &mut tick, if keepalive.is_some() => {
+                let k = keepalive.expect("checked by the branch condition");
+                let now = tokio::time::Instant::now();
+                if reads != reads_seen {
+                    (reads_seen, ping_out) = (reads, false);
+                    tick.as_mut().reset(now + k.interval);
+                } else if !ping_out {
+                    let _ = outbox.push(|fb| fb.ping(reads));
+                    ping_out = true;
+                    tick.as_mut().reset(now + k.timeout);
+                } else {
+                    break End::Dead;
+                }
+                continue;
+            }
         };
+        reads += 1;
         match read {
             Ok(true) => {
+                if !authenticated {
+                    match check_auth(&shared.config.tokens, &batch) {
+                        Ok(()) => {
+                            authenticated = true;
+                            batch.remove(0);
+                        }
+                        Err(why) => break End::Unauthenticated(why),
+                    }
+                }
                 if let Err(e) = dispatch.run(&shared, &outbox, &inflight, &mut batch) {
                     break End::Protocol(e);
                 }
             }
             Ok(false) => break End::PeerClosed,
             Err(ReadError::Protocol(e)) => break End::Protocol(e),
+            Err(e @ ReadError::Stalled(_)) => break End::Stalled(e.to_string()),
             Err(e) => break End::Io(e.to_string()),
         }
     };
     inflight.close();
-    inflight.wait().await;
+    tokio::select! {
+        _ = inflight.wait() => {}
+        // Past the drain deadline the handler tasks drop their work (see `Dispatch::start`).
+        _ = shared.abort.cancelled() => inflight.wait().await,
+    }
     match &end {
         End::PeerClosed => tracing::debug!(%peer, "peer closed the connection"),
         End::Shutdown => {
@@ -75,17 +129,61 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
             let _ = outbox.push(|fb| fb.go_away(Code::Protocol, &e.to_string()));
         }
         End::Io(e) => tracing::debug!(%peer, error = %e, "connection failed"),
+        End::Stalled(e) => {
+            tracing::warn!(%peer, error = %e, "closing connection: read timeout");
+            let _ = outbox.push(|fb| fb.go_away(Code::Protocol, e));
+        }
+        End::Dead => tracing::info!(%peer, "closing connection: no answer to a keepalive ping"),
+        End::Unauthenticated(why) => {
+            tracing::warn!(%peer, reason = why, "refusing connection: not authenticated");
+            let _ = outbox.push(|fb| fb.go_away(Code::Unauthenticated, why));
+        }
     }
     outbox.close();
-    match writer.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "write failed"),
-        Err(e) => tracing::error!(%peer, error = %e, "writer task failed"),
+    let written = tokio::select! {
+        r = &mut writer => Some(r),
+        _ = async {
+            shared.abort.cancelled().await;
+            tokio::time::sleep(LINGER).await;
+        } => None,
+    };
+    match written {
+        Some(Ok(Ok(()))) => {}
+        Some(Ok(Err(e))) => tracing::debug!(%peer, error = %e, "write failed"),
+        Some(Err(e)) => tracing::error!(%peer, error = %e, "writer task failed"),
+        None => writer.abort(),
     }
-    if !matches!(end, End::PeerClosed | End::Io(_)) {
+    if !matches!(end, End::PeerClosed | End::Io(_) | End::Dead) {
         // We closed first, with a go-away: let the peer read it before the socket goes.
         reader.drain(LINGER).await;
     }
+}
+
+/// Whether the first message of a connection presents one of the server's tokens.
+fn check_auth(tokens: &[Vec<u8>], batch: &[Message]) -> Result<(), &'static str> {
+    match batch.first() {
+        Some(Message::Auth { token }) => {
+            // Every configured token is compared, in constant time, whatever matches.
+            let ok = tokens.iter().fold(subtle::Choice::from(0), |ok, t| ok | t.as_slice().ct_eq(token));
+            if bool::from(ok) { Ok(()) } else { Err("the token presented is not accepted") }
+        }
+        _ => Err("this server requires a token (none was presented)"),
+    }
+}
+
+/// Refuses a connection over the server's connection limit: a go-away, then close.
+pub(super) async fn refuse<S: ByteStream>(shared: Arc<Shared>, stream: S) {
+    let peer = stream.peer();
+    let max = shared.config.max_connections.unwrap_or(0);
+    tracing::warn!(%peer, max, "refusing connection: connection limit reached");
+    let (rd, wr) = stream.into_halves();
+    let limits = shared.config.limits;
+    let outbox = Outbox::new(limits);
+    let why = format!("server is at its limit of {max} connections");
+    let _ = outbox.push(|fb| fb.go_away(Code::Overloaded, &why));
+    outbox.close();
+    let _ = tokio::time::timeout(LINGER, outbox.write_loop(wr, &shared.counters, true)).await;
+    FrameReader::new(rd, limits).drain(LINGER).await;
 }
 
 /// Unsent reply bytes above which a connection stops reading requests until its peer catches up.
@@ -105,6 +203,8 @@ struct Dispatch {
     ready: Vec<Box<dyn ReplyWriter>>,
     errors: Vec<(u64, Status)>,
     pongs: Vec<u64>,
+    /// The peer's address, the [`current_peer`](super::current_peer) of its handlers.
+    peer: Option<Arc<str>>,
 }
 
 impl Dispatch {
@@ -133,7 +233,8 @@ impl Dispatch {
                 Message::Ping { token } => self.pongs.push(token),
                 // Cancels are advisory in protocol version 1: the reply is still sent, and the
                 // client drops it.
-                Message::Cancel { .. } | Message::Pong { .. } => {}
+                // Auth was checked when the connection opened (a repeated one changes nothing).
+                Message::Cancel { .. } | Message::Pong { .. } | Message::Auth { .. } => {}
                 Message::GoAway { code, message } => {
                     tracing::debug!(%code, message = as_str(&message), "client is going away");
                 }
@@ -254,14 +355,23 @@ impl Dispatch {
     ) {
         // The noop waker is safe: a pending future is spawned, and its task polls it again
         // with a real waker.
-        match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        let first = super::with_peer(self.peer.as_ref(), || {
+            fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        });
+        match first {
             Poll::Ready(w) => self.ready.push(w),
             Poll::Pending => {
                 shared.queued.fetch_add(n, Ordering::Relaxed);
                 let (shared, outbox) = (shared.clone(), outbox.clone());
                 inflight.spawn(async move {
-                    let w = fut.await;
-                    let _ = outbox.push(|fb| w.write(fb));
+                    tokio::select! {
+                        w = fut => {
+                            let _ = outbox.push(|fb| w.write(fb));
+                        }
+                        // The shutdown's drain deadline passed: the request is dropped; its
+                        // caller fails when the connection closes.
+                        _ = shared.abort.cancelled() => {}
+                    }
                     shared.queued.fetch_sub(n, Ordering::Relaxed);
                 });
             }

@@ -56,6 +56,23 @@ pub struct ServerConfig {
     /// connection (seeds/000 §5). `usize::MAX` keeps everything on the connection's task.
     /// Default 64 KiB: below it the hand-off costs more than the work (docs/BENCHMARKS.md).
     pub offload_min_bytes: usize,
+    /// How long a peer that sent part of a frame may stay silent before its connection is
+    /// closed (a stalled or malicious peer must not hold a buffer and a task forever). An idle
+    /// connection between frames is not affected. Default 30 s; `None`: no limit.
+    pub read_timeout: Option<Duration>,
+    /// Most connections served at once (unix and tcp listeners together). A connection over
+    /// the limit gets a go-away ([`Code::Overloaded`](crate::Code)) and is closed. Default
+    /// 10,000; `None`: no limit.
+    pub max_connections: Option<usize>,
+    /// Pings on idle connections, to find peers that died without closing. Default: a ping
+    /// after 30 s without traffic, the connection closed if nothing arrives 20 s after it.
+    pub keepalive: Option<Keepalive>,
+    /// Tokens a client must present ([`ClientConfig::token`](crate::ClientConfig)) before any
+    /// request is served. Empty (the default): no authentication.
+    pub tokens: Vec<Vec<u8>>,
+    /// Certificate and key for `tls://` listeners (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::transport::tls::TlsServer>,
 }
 
 impl Default for ServerConfig {
@@ -65,7 +82,27 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             max_queued: 50_000,
             offload_min_bytes: 64 << 10,
+            read_timeout: Some(Duration::from_secs(30)),
+            max_connections: Some(10_000),
+            keepalive: Some(Keepalive::default()),
+            tokens: Vec::new(),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
+    }
+}
+
+/// Keepalive settings: after `interval` without receiving anything, send a ping; if nothing
+/// arrives within `timeout` after it, declare the peer dead and close the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive { interval: Duration::from_secs(30), timeout: Duration::from_secs(20) }
     }
 }
 
@@ -141,6 +178,39 @@ impl ServerBuilder {
         self
     }
 
+    /// Closes a connection whose peer sent part of a frame and then nothing for `t`
+    /// (`None`: wait forever). See [`ServerConfig::read_timeout`].
+    pub fn read_timeout(mut self, t: Option<Duration>) -> Self {
+        self.config.read_timeout = t;
+        self
+    }
+
+    /// Most connections served at once; more are refused with a go-away (`Overloaded`).
+    pub fn max_connections(mut self, n: Option<usize>) -> Self {
+        self.config.max_connections = n;
+        self
+    }
+
+    /// Keepalive pings on idle connections (`None`: off).
+    pub fn keepalive(mut self, k: Option<Keepalive>) -> Self {
+        self.config.keepalive = k;
+        self
+    }
+
+    /// Requires clients to present this token (several calls accept any of the tokens, for
+    /// rotation). Tokens are compared in constant time.
+    pub fn token(mut self, token: impl AsRef<[u8]>) -> Self {
+        self.config.tokens.push(token.as_ref().to_vec());
+        self
+    }
+
+    /// Certificate, key and (for mutual TLS) client CA for `tls://` listeners.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::transport::tls::TlsServer) -> Self {
+        self.config.tls = Some(tls);
+        self
+    }
+
     pub fn build(self) -> Server {
         Server {
             shared: Arc::new(Shared {
@@ -148,6 +218,8 @@ impl ServerBuilder {
                 config: self.config,
                 counters: Counters::default(),
                 shutdown: CancellationToken::new(),
+                abort: CancellationToken::new(),
+                connections: AtomicUsize::new(0),
                 tasks: TaskTracker::new(),
                 runtime: OnceLock::new(),
                 bound: Mutex::new(Vec::new()),
@@ -179,6 +251,11 @@ pub(crate) struct Shared {
     pub(crate) config: ServerConfig,
     pub(crate) counters: Counters,
     pub(crate) shutdown: CancellationToken,
+    /// Cancelled when a shutdown's drain deadline passes: work still running is dropped and
+    /// its connections closed.
+    pub(crate) abort: CancellationToken,
+    /// Connections being served now.
+    pub(crate) connections: AtomicUsize,
     /// Accept loops, connections, inproc dispatchers and handler batches still running.
     pub(crate) tasks: TaskTracker,
     runtime: OnceLock<Handle>,
@@ -234,6 +311,28 @@ impl Server {
                 self.shared.spawn(accept_loop(shared, l));
                 Address::Tcp(local.to_string())
             }
+            #[cfg(feature = "tls")]
+            Address::Tls(a) => {
+                let tls = self.shared.config.tls.clone().ok_or_else(|| {
+                    Error::Usage(format!(
+                        "listen on {addr}: the server has no TLS certificate (ServerBuilder::tls)"
+                    ))
+                })?;
+                let l = TcpListener::bind(a.as_str())
+                    .await
+                    .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
+                let local = l.local_addr().map_err(|e| Error::io("local address", e))?;
+                let shared = self.shared.clone();
+                self.shared.spawn(accept_loop_tls(shared, l, tls));
+                Address::Tls(local.to_string())
+            }
+            #[cfg(not(feature = "tls"))]
+            Address::Tls(_) => {
+                return Err(Error::InvalidAddress {
+                    addr: addr.to_string(),
+                    reason: "tls:// needs volley's `tls` feature".into(),
+                });
+            }
             Address::Unix(path) => {
                 remove_stale_socket(path).await;
                 let l = UnixListener::bind(path).map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
@@ -257,7 +356,7 @@ impl Server {
                 Address::Unix(path) => {
                     let _ = std::fs::remove_file(path);
                 }
-                Address::Tcp(_) => {}
+                Address::Tcp(_) | Address::Tls(_) => {}
             }
         }
         for route in self.shared.router.routes() {
@@ -267,10 +366,27 @@ impl Server {
         self.shared.tasks.wait().await;
     }
 
-    /// Like [`shutdown`](Self::shutdown), giving up after `deadline`. Returns whether everything
-    /// finished in time.
+    /// Like [`shutdown`](Self::shutdown), giving up waiting after `deadline` (the drain goes on
+    /// in the background). Returns whether everything finished in time.
     pub async fn shutdown_within(&self, deadline: Duration) -> bool {
         tokio::time::timeout(deadline, self.shutdown()).await.is_ok()
+    }
+
+    /// Graceful shutdown with a drain deadline: like [`shutdown`](Self::shutdown), but requests
+    /// still running when `deadline` passes are dropped, their connections get a go-away
+    /// (`ShuttingDown`) and are closed, so their callers fail at once with a connection error.
+    /// Returns whether everything drained before the deadline.
+    pub async fn shutdown_with_deadline(&self, deadline: Duration) -> bool {
+        let drain = self.shutdown();
+        tokio::pin!(drain);
+        if tokio::time::timeout(deadline, &mut drain).await.is_ok() {
+            return true;
+        }
+        tracing::warn!(?deadline, "drain deadline passed; dropping the requests still running");
+        self.shared.abort.cancel();
+        // Aborted connections close at once; bound the wait anyway (a peer may not read).
+        let _ = tokio::time::timeout(ABORT_GRACE, drain).await;
+        false
     }
 
     /// The server's counters (all connections together).
@@ -295,13 +411,45 @@ impl Server {
     }
 }
 
+thread_local! {
+    static CURRENT_PEER: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The address of the peer whose request is being handled, for logs (a handler that refuses
+/// something says who asked). Known during the synchronous start of a handler — before its
+/// first `.await` — on unix and tcp connections; `None` elsewhere (inproc calls, and after
+/// the handler first waited).
+pub fn current_peer() -> Option<Arc<str>> {
+    CURRENT_PEER.with(|p| p.borrow().clone())
+}
+
+/// Runs `f` (the first poll of a handler) with `peer` as the [`current_peer`].
+pub(crate) fn with_peer<R>(peer: Option<&Arc<str>>, f: impl FnOnce() -> R) -> R {
+    let Some(peer) = peer else { return f() };
+    let before = CURRENT_PEER.with(|p| p.replace(Some(peer.clone())));
+    let r = f();
+    CURRENT_PEER.with(|p| *p.borrow_mut() = before);
+    r
+}
+
+/// After the drain deadline, how long aborted connections get to send their go-away and close.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
 async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {
     loop {
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break,
             r = listener.accept() => match r {
-                Ok(stream) => shared.spawn(conn::serve(shared.clone(), stream)),
+                Ok(stream) => {
+                    let n = shared.connections.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    if shared.config.max_connections.is_some_and(|max| n >= max) {
+                        shared.connections.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        shared.spawn(conn::refuse(shared.clone(), stream));
+                    } else {
+                        shared.spawn(conn::serve(shared.clone(), stream));
+                    }
+                }
                 Err(e) => {
                     // Out of file descriptors and the like: say so, back off, keep serving.
                     tracing::warn!(error = %e, "accept failed");
@@ -309,6 +457,54 @@ async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {
                 }
             },
         }
+    }
+}
+
+/// Accepts tcp connections and runs each one's TLS handshake in its own task (a slow or
+/// hostile handshake holds up nothing else), bounded by the read timeout (10 s without one).
+#[cfg(feature = "tls")]
+async fn accept_loop_tls(shared: Arc<Shared>, listener: TcpListener, tls: crate::transport::tls::TlsServer) {
+    use std::sync::atomic::Ordering::AcqRel;
+    loop {
+        let tcp = tokio::select! {
+            biased;
+            _ = shared.shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let n = shared.connections.fetch_add(1, AcqRel);
+        let over = shared.config.max_connections.is_some_and(|max| n >= max);
+        let (shared2, tls) = (shared.clone(), tls.clone());
+        shared.spawn(async move {
+            let peer = tcp.peer_addr().map(|a| format!("tls://{a}")).unwrap_or_else(|_| "tls://?".into());
+            let limit = shared2.config.read_timeout.unwrap_or(Duration::from_secs(10));
+            let stream = match tokio::time::timeout(limit, tls.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                    shared2.connections.fetch_sub(1, AcqRel);
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, ?limit, "TLS handshake timed out");
+                    shared2.connections.fetch_sub(1, AcqRel);
+                    return;
+                }
+            };
+            if over {
+                shared2.connections.fetch_sub(1, AcqRel);
+                conn::refuse(shared2, stream).await;
+            } else {
+                conn::serve(shared2, stream).await;
+            }
+        });
     }
 }
 

@@ -1,8 +1,10 @@
-//! Transports, chosen by address: `inproc://NAME`, `unix:///PATH`, `tcp://HOST:PORT`.
+//! Transports, chosen by address: `inproc://NAME`, `unix:///PATH`, `tcp://HOST:PORT`,
+//! `tls://HOST:PORT` (feature `tls`).
 //!
 //! - [`inproc`]: a process-wide table of named servers; calls hand request and reply values
 //!   across with no encoding at all.
 //! - [`stream`]: unix and tcp sockets behind one small trait.
+//! - `tls`: rustls sessions over tcp, behind the same trait (feature `tls`).
 //! - [`outbox`]: the send side of a byte connection — callers append messages, one writer
 //!   drains everything queued into one write.
 //! - [`reader`]: the receive side — reads into one reusable buffer and hands up every complete
@@ -12,6 +14,8 @@ pub mod inproc;
 pub mod outbox;
 pub mod reader;
 pub mod stream;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::path::PathBuf;
 
@@ -26,6 +30,10 @@ pub enum Address {
     Unix(PathBuf),
     /// `tcp://HOST:PORT`.
     Tcp(String),
+    /// `tls://HOST:PORT`: tcp with TLS (feature `tls`; the server needs
+    /// [`ServerBuilder::tls`](crate::ServerBuilder::tls), the client
+    /// [`ClientConfig::tls`](crate::ClientConfig::tls)).
+    Tls(String),
 }
 
 impl Address {
@@ -39,23 +47,28 @@ impl Address {
             "inproc" => Err(bad("inproc:// needs a name")),
             "unix" if rest.starts_with('/') => Ok(Address::Unix(PathBuf::from(rest))),
             "unix" => Err(bad("unix:// needs an absolute path: unix:///run/x.sock")),
-            "tcp" => {
+            "tcp" | "tls" => {
                 let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("expected tcp://HOST:PORT"))?;
                 if host.is_empty() || port.parse::<u16>().is_err() {
-                    return Err(bad("expected tcp://HOST:PORT with a numeric port"));
+                    return Err(bad("expected tcp://HOST:PORT (or tls://HOST:PORT) with a numeric port"));
                 }
-                Ok(Address::Tcp(rest.to_string()))
+                Ok(if scheme == "tcp" {
+                    Address::Tcp(rest.to_string())
+                } else {
+                    Address::Tls(rest.to_string())
+                })
             }
-            _ => Err(bad("unknown scheme; use inproc://, unix:// or tcp://")),
+            _ => Err(bad("unknown scheme; use inproc://, unix://, tcp:// or tls://")),
         }
     }
 
-    /// Short name of the transport: `inproc`, `unix` or `tcp`.
+    /// Short name of the transport: `inproc`, `unix`, `tcp` or `tls`.
     pub fn transport(&self) -> &'static str {
         match self {
             Address::Inproc(_) => "inproc",
             Address::Unix(_) => "unix",
             Address::Tcp(_) => "tcp",
+            Address::Tls(_) => "tls",
         }
     }
 }
@@ -66,6 +79,7 @@ impl std::fmt::Display for Address {
             Address::Inproc(n) => write!(f, "inproc://{n}"),
             Address::Unix(p) => write!(f, "unix://{}", p.display()),
             Address::Tcp(a) => write!(f, "tcp://{a}"),
+            Address::Tls(a) => write!(f, "tls://{a}"),
         }
     }
 }
@@ -87,7 +101,19 @@ mod tests {
         assert_eq!(Address::parse("unix:///tmp/s").unwrap(), Address::Unix("/tmp/s".into()));
         assert_eq!(Address::parse("tcp://127.0.0.1:80").unwrap(), Address::Tcp("127.0.0.1:80".into()));
         assert_eq!(Address::parse("tcp://[::1]:80").unwrap(), Address::Tcp("[::1]:80".into()));
-        for bad in ["", "tcp://x", "tcp://:1", "tcp://h:99999", "udp://h:1", "unix://rel", "inproc://", "x"] {
+        assert_eq!(Address::parse("tls://localhost:443").unwrap(), Address::Tls("localhost:443".into()));
+        assert_eq!(Address::parse("tls://localhost:443").unwrap().to_string(), "tls://localhost:443");
+        for bad in [
+            "",
+            "tcp://x",
+            "tcp://:1",
+            "tcp://h:99999",
+            "tls://x",
+            "udp://h:1",
+            "unix://rel",
+            "inproc://",
+            "x",
+        ] {
             assert!(matches!(Address::parse(bad), Err(Error::InvalidAddress { .. })), "{bad}");
         }
         assert_eq!(Address::parse("unix:///tmp/s").unwrap().to_string(), "unix:///tmp/s");

@@ -20,6 +20,8 @@ pub enum ReadError {
     Protocol(ProtocolError),
     /// The peer closed the stream in the middle of a frame.
     Truncated,
+    /// The peer sent part of a frame, then nothing for the read timeout.
+    Stalled(std::time::Duration),
 }
 
 impl std::fmt::Display for ReadError {
@@ -30,6 +32,7 @@ impl std::fmt::Display for ReadError {
             ReadError::Truncated => {
                 write!(f, "peer closed the connection in the middle of a frame")
             }
+            ReadError::Stalled(t) => write!(f, "peer stalled in the middle of a frame for {t:?}"),
         }
     }
 }
@@ -43,12 +46,29 @@ pub struct FrameReader<R> {
     /// A protocol error met after some messages of the same read were decoded: those are
     /// handed up first, the error on the next call.
     failed: Option<ProtocolError>,
+    /// How long a partly received frame may wait for its next bytes (`None`: forever).
+    read_timeout: Option<std::time::Duration>,
 }
 
 impl<R: ReadHalf> FrameReader<R> {
     /// A reader that first expects the peer's preamble.
     pub fn new(rd: R, limits: Limits) -> Self {
-        FrameReader { rd, buf: BytesMut::new(), decoder: Decoder::new(limits), limits, failed: None }
+        FrameReader {
+            rd,
+            buf: BytesMut::new(),
+            decoder: Decoder::new(limits),
+            limits,
+            failed: None,
+            read_timeout: None,
+        }
+    }
+
+    /// Fails reads with [`ReadError::Stalled`] when the peer sent part of a frame (or of the
+    /// preamble) and then nothing for `timeout`. A connection idle between frames is not
+    /// affected: that is what keepalive pings are for.
+    pub fn with_read_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.read_timeout = timeout;
+        self
     }
 
     /// Bytes held by the receive buffer (for tests of idle memory).
@@ -118,6 +138,12 @@ impl<R: ReadHalf> FrameReader<R> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.buf.is_empty() {
                         self.buf = BytesMut::new();
+                    } else if let Some(t) = self.read_timeout {
+                        // Part of a frame is here: the rest must follow within the timeout.
+                        match tokio::time::timeout(t, self.rd.readable()).await {
+                            Ok(r) => r.map_err(ReadError::Io)?,
+                            Err(_) => return Err(ReadError::Stalled(t)),
+                        }
                     } else {
                         self.rd.readable().await.map_err(ReadError::Io)?;
                     }
