@@ -32,6 +32,8 @@
 //!   writes (registrations, renewals, client ids) fail. The store logs the outage and counts it
 //!   ([`StoreStatus`]); when etcd answers again the watch resumes, or re-lists, and the copy
 //!   converges.
+//! - **Several etcd endpoints**: requests and the watch go to one endpoint at a time and move
+//!   to the next one when it cannot be reached (or has no leader).
 //! - **Client ids** come from a counter key `PREFIX/client-ids/next`, advanced by a
 //!   compare-and-swap transaction in blocks: an id is never handed out twice, by any
 //!   controller, across restarts. Ids are not reused (released ids are not given back), which
@@ -39,7 +41,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -122,7 +124,10 @@ pub struct EtcdStore {
 
 struct Shared {
     config: EtcdConfig,
-    channel: Channel,
+    /// One channel per etcd endpoint (each connects on first use and reconnects on demand).
+    channels: Vec<Channel>,
+    /// The endpoint requests go to now; moves on when it is unreachable.
+    current: AtomicUsize,
     epoch: u64,
     keys: Keys,
     cache: Mutex<Cache>,
@@ -251,6 +256,12 @@ fn lease_not_found(e: &tonic::Status) -> bool {
     e.message().contains("lease not found")
 }
 
+/// Whether a request failed because the endpoint could not be reached or had no leader, so
+/// another endpoint may answer.
+fn unreachable(e: &tonic::Status) -> bool {
+    matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown)
+}
+
 impl EtcdStore {
     /// Connects to etcd and reads the registry's state (so look-ups answer at once). Fails if
     /// no endpoint answers within the request timeout. A watch task keeps the state current
@@ -273,15 +284,14 @@ impl EtcdStore {
                     .map_err(|e| StoreError::Invalid(format!("etcd endpoint {e}")))
             })
             .collect::<Result<_, _>>()?;
-        let channel = if endpoints.len() == 1 {
-            endpoints[0].connect_lazy()
-        } else {
-            Channel::balance_list(endpoints.into_iter())
-        };
+        // Our own failover rather than tonic's balancer: a balancer may keep sending to a member
+        // that is down; here a request that finds its endpoint unreachable moves to the next.
+        let channels: Vec<Channel> = endpoints.iter().map(Endpoint::connect_lazy).collect();
         let keys = Keys::new(&config.prefix);
         let (stop, stop_rx) = watch::channel(());
         let mut shared = Shared {
-            channel,
+            channels,
+            current: AtomicUsize::new(0),
             epoch: 0,
             keys,
             cache: Mutex::new(Cache::default()),
@@ -307,9 +317,10 @@ impl EtcdStore {
         &self.shared.config
     }
 
-    /// The gRPC channel to etcd (for tools and tests that need another etcd call).
+    /// The gRPC channel to the etcd endpoint in use (for tools and tests that need another
+    /// etcd call).
     pub fn channel(&self) -> Channel {
-        self.shared.channel.clone()
+        self.shared.channel().1
     }
 
     /// Test hook: closes the watch (`true`) or opens it again, resuming from the revision it
@@ -331,27 +342,44 @@ fn epoch_of(cluster_id: u64, prefix: &str) -> u64 {
 }
 
 impl Shared {
-    fn kv(&self) -> KvClient<Channel> {
-        KvClient::new(self.channel.clone())
+    /// The endpoint in use and its channel.
+    fn channel(&self) -> (usize, Channel) {
+        let i = self.current.load(Relaxed) % self.channels.len();
+        (i, self.channels[i].clone())
     }
 
-    fn lease(&self) -> LeaseClient<Channel> {
-        LeaseClient::new(self.channel.clone())
+    /// Endpoint `i` did not answer: the next one is used (unless another request moved on
+    /// already).
+    fn endpoint_failed(&self, i: usize, e: &tonic::Status) {
+        let n = self.channels.len();
+        if n > 1 && self.current.compare_exchange(i, (i + 1) % n, Relaxed, Relaxed).is_ok() {
+            tracing::info!(from = %self.config.endpoints[i], to = %self.config.endpoints[(i + 1) % n], error = %e, "etcd endpoint unreachable; using the next one");
+        }
     }
 
-    /// Runs one etcd request under the request timeout; counts failures.
-    async fn request<T>(
-        &self,
-        what: &str,
-        f: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    ) -> Result<T, tonic::Status> {
-        let r = match tokio::time::timeout(self.config.request_timeout, f).await {
-            Ok(r) => r.map(tonic::Response::into_inner),
-            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
-                "no answer within {:?}",
-                self.config.request_timeout
-            ))),
-        };
+    /// Runs one etcd request under the request timeout, on the endpoint in use and — if it
+    /// cannot be reached — on the next ones; counts failures. Every request this store makes
+    /// may be sent twice: a compare-and-swap that did land makes its retry fail, and is then
+    /// read again; a lease granted twice lapses unused.
+    async fn request<T, Fut>(&self, what: &str, f: impl Fn(Channel) -> Fut) -> Result<T, tonic::Status>
+    where
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut r = Err(tonic::Status::unavailable("no etcd endpoint"));
+        for _ in 0..self.channels.len() {
+            let (i, channel) = self.channel();
+            r = match tokio::time::timeout(self.config.request_timeout, f(channel)).await {
+                Ok(r) => r,
+                Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {:?}",
+                    self.config.request_timeout
+                ))),
+            };
+            match &r {
+                Err(e) if unreachable(e) => self.endpoint_failed(i, e),
+                _ => break,
+            }
+        }
         if let Err(e) = &r
             && !lease_not_found(e)
         {
@@ -359,6 +387,54 @@ impl Shared {
             tracing::debug!(request = what, error = %e, "etcd request failed");
         }
         r
+    }
+
+    async fn range(&self, req: pb::RangeRequest) -> Result<pb::RangeResponse, tonic::Status> {
+        self.request("range", |ch| {
+            let req = req.clone();
+            async move { Ok(KvClient::new(ch).range(req).await?.into_inner()) }
+        })
+        .await
+    }
+
+    async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, tonic::Status> {
+        self.request("txn", |ch| {
+            let req = req.clone();
+            async move { Ok(KvClient::new(ch).txn(req).await?.into_inner()) }
+        })
+        .await
+    }
+
+    async fn lease_grant(&self, ttl: i64) -> Result<pb::LeaseGrantResponse, tonic::Status> {
+        self.request("lease grant", |ch| async move {
+            Ok(LeaseClient::new(ch).lease_grant(pb::LeaseGrantRequest { ttl, id: 0 }).await?.into_inner())
+        })
+        .await
+    }
+
+    async fn lease_revoke(&self, id: i64) -> Result<pb::LeaseRevokeResponse, tonic::Status> {
+        self.request("lease revoke", |ch| async move {
+            Ok(LeaseClient::new(ch).lease_revoke(pb::LeaseRevokeRequest { id }).await?.into_inner())
+        })
+        .await
+    }
+
+    async fn lease_ttl(&self, id: i64, keys: bool) -> Result<pb::LeaseTimeToLiveResponse, tonic::Status> {
+        self.request("lease ttl", |ch| async move {
+            let req = pb::LeaseTimeToLiveRequest { id, keys };
+            Ok(LeaseClient::new(ch).lease_time_to_live(req).await?.into_inner())
+        })
+        .await
+    }
+
+    /// One keep-alive, on a stream of its own (an HTTP/2 stream on the endpoint's connection).
+    async fn keep_alive(&self, id: i64) -> Result<pb::LeaseKeepAliveResponse, tonic::Status> {
+        self.request("lease keep-alive", |ch| async move {
+            let once = tokio_stream::iter([pb::LeaseKeepAliveRequest { id }]);
+            let mut stream = LeaseClient::new(ch).lease_keep_alive(once).await?.into_inner();
+            stream.message().await?.ok_or_else(|| tonic::Status::unavailable("keep-alive stream ended"))
+        })
+        .await
     }
 
     fn set_reachable(&self, ok: bool, why: &str) {
@@ -379,7 +455,7 @@ impl Shared {
             range_end: prefix_end(&self.keys.prefix),
             ..Default::default()
         };
-        let resp = self.request("range", self.kv().range(req)).await.map_err(|e| backend("range", e))?;
+        let resp = self.range(req).await.map_err(|e| backend("range", e))?;
         let header = resp.header.unwrap_or_default();
         let at = header.revision as u64;
         let mut fresh = Cache { revision: at, services: BTreeMap::new() };
@@ -443,7 +519,7 @@ impl Shared {
         let key = self.keys.client_ids.clone().into_bytes();
         loop {
             let req = pb::RangeRequest { key: key.clone(), ..Default::default() };
-            let resp = self.request("range", self.kv().range(req)).await.map_err(|e| backend("range", e))?;
+            let resp = self.range(req).await.map_err(|e| backend("range", e))?;
             let (start, compare) = match resp.kvs.first() {
                 Some(kv) => {
                     let next: u64 =
@@ -484,7 +560,7 @@ impl Shared {
                 success: vec![pb::RequestOp { request: Some(pb::request_op::Request::RequestPut(put)) }],
                 failure: vec![],
             };
-            let resp = self.request("txn", self.kv().txn(txn)).await.map_err(|e| backend("txn", e))?;
+            let resp = self.txn(txn).await.map_err(|e| backend("txn", e))?;
             if resp.succeeded {
                 *block = IdBlock { next: start, end };
                 return Ok(());
@@ -569,22 +645,28 @@ async fn watch_from(shared: &Shared, from: u64) -> WatchEnd {
     // The request side stays open (an ended request stream would end the watch).
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::WatchRequest>(1);
     let _ = tx.send(create).await;
-    let mut client = WatchClient::new(shared.channel.clone());
+    let (endpoint, channel) = shared.channel();
+    let mut client = WatchClient::new(channel);
     let opened = tokio::time::timeout(
         shared.config.request_timeout,
         client.watch(tokio_stream::wrappers::ReceiverStream::new(rx)),
     )
     .await;
+    // A watch that cannot be opened or breaks moves to the next endpoint.
+    let failed = |e: tonic::Status| {
+        shared.endpoint_failed(endpoint, &e);
+        WatchEnd::Failed(format!("watch: {}: {}", e.code(), e.message()))
+    };
     let mut stream = match opened {
         Ok(Ok(r)) => r.into_inner(),
-        Ok(Err(e)) => return WatchEnd::Failed(format!("watch: {}: {}", e.code(), e.message())),
-        Err(_) => return WatchEnd::Failed("watch: no answer".into()),
+        Ok(Err(e)) => return failed(e),
+        Err(_) => return failed(tonic::Status::deadline_exceeded("no answer")),
     };
     loop {
         let msg = match stream.message().await {
             Ok(Some(m)) => m,
-            Ok(None) => return WatchEnd::Failed("watch stream ended".into()),
-            Err(e) => return WatchEnd::Failed(format!("watch: {}: {}", e.code(), e.message())),
+            Ok(None) => return failed(tonic::Status::unavailable("watch stream ended")),
+            Err(e) => return failed(e),
         };
         if msg.compact_revision > 0 {
             return WatchEnd::Compacted(msg.compact_revision);
@@ -619,11 +701,7 @@ impl Store for EtcdStore {
             // etcd leases count whole seconds (and etcd raises very short ones to its minimum).
             let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
             let s = &self.shared;
-            let req = pb::LeaseGrantRequest { ttl: secs, id: 0 };
-            let resp = s
-                .request("lease grant", s.lease().lease_grant(req))
-                .await
-                .map_err(|e| backend("lease grant", e))?;
+            let resp = s.lease_grant(secs).await.map_err(|e| backend("lease grant", e))?;
             if !resp.error.is_empty() {
                 return Err(StoreError::Backend(format!("etcd lease grant: {}", resp.error)));
             }
@@ -683,7 +761,7 @@ impl Store for EtcdStore {
                 ops.push(pb::RequestOp { request: Some(pb::request_op::Request::RequestPut(put)) });
             }
             let txn = pb::TxnRequest { compare: vec![], success: ops, failure: vec![] };
-            let resp = match s.request("txn", s.kv().txn(txn)).await {
+            let resp = match s.txn(txn).await {
                 Ok(r) => r,
                 Err(e) if lease_not_found(&e) => return Err(StoreError::UnknownLease(lease)),
                 Err(e) => return Err(backend("txn", e)),
@@ -696,23 +774,7 @@ impl Store for EtcdStore {
     fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Duration, StoreError>> {
         Box::pin(async move {
             let s = &self.shared;
-            // One keep-alive on a stream of its own (an HTTP/2 stream on the shared connection).
-            let once = tokio_stream::iter([pb::LeaseKeepAliveRequest { id: lease as i64 }]);
-            let keepalive = async {
-                let mut stream = s.lease().lease_keep_alive(once).await?.into_inner();
-                stream.message().await?.ok_or_else(|| tonic::Status::unavailable("keep-alive stream ended"))
-            };
-            let resp = match tokio::time::timeout(s.config.request_timeout, keepalive).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
-                    s.errors.fetch_add(1, Relaxed);
-                    return Err(backend("lease keep-alive", e));
-                }
-                Err(_) => {
-                    s.errors.fetch_add(1, Relaxed);
-                    return Err(StoreError::Backend("etcd lease keep-alive: no answer".into()));
-                }
-            };
+            let resp = s.keep_alive(lease as i64).await.map_err(|e| backend("lease keep-alive", e))?;
             if resp.ttl <= 0 {
                 return Err(StoreError::UnknownLease(lease));
             }
@@ -723,19 +785,12 @@ impl Store for EtcdStore {
     fn revoke(&self, lease: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(async move {
             let s = &self.shared;
-            let req = pb::LeaseTimeToLiveRequest { id: lease as i64, keys: true };
-            let ttl = s
-                .request("lease ttl", s.lease().lease_time_to_live(req))
-                .await
-                .map_err(|e| backend("lease ttl", e))?;
+            let ttl = s.lease_ttl(lease as i64, true).await.map_err(|e| backend("lease ttl", e))?;
             if ttl.ttl < 0 {
                 return Err(StoreError::UnknownLease(lease));
             }
             let instances = ttl.keys.iter().filter(|k| k.starts_with(s.keys.instances.as_bytes())).count();
-            let resp = match s
-                .request("lease revoke", s.lease().lease_revoke(pb::LeaseRevokeRequest { id: lease as i64 }))
-                .await
-            {
+            let resp = match s.lease_revoke(lease as i64).await {
                 Ok(r) => r,
                 Err(e) if lease_not_found(&e) => return Err(StoreError::UnknownLease(lease)),
                 Err(e) => return Err(backend("lease revoke", e)),
@@ -774,8 +829,7 @@ impl Store for EtcdStore {
                 services.iter().flat_map(|(_, v)| v.instances.values().map(|i| i.lease)).collect();
             // Lease times, best effort: 0 when etcd does not answer.
             let asks = leases.into_iter().map(|id| async move {
-                let req = pb::LeaseTimeToLiveRequest { id: id as i64, keys: false };
-                let r = s.request("lease ttl", s.lease().lease_time_to_live(req)).await.ok();
+                let r = s.lease_ttl(id as i64, false).await.ok();
                 (id, r.map_or((0, 0), |r| (r.granted_ttl.max(0) as u64 * 1000, r.ttl.max(0) as u64 * 1000)))
             });
             let times: HashMap<u64, (u64, u64)> =

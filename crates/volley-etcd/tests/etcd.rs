@@ -354,3 +354,38 @@ async fn a_watch_whose_revision_was_compacted_relists_and_converges() {
         now.revision
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_of_three_etcd_members_down_the_registry_carries_on() {
+    let Some(mut members) = Etcd::start_cluster(3).await else { return };
+    let url = Etcd::cluster_url(&members, "members");
+    let config = EtcdConfig { id_block: 4, ..EtcdConfig::parse(&url).unwrap() };
+    let store = EtcdStore::connect(config).await.unwrap();
+    let c = Controller::with_store(Arc::new(store), ControllerConfig::default());
+    let addr = c.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let registry = Registry::connect(&addr).await.unwrap();
+    let (s1, s1_addr, r1) = instance(&registry, "i1").await;
+    let client = ServiceClient::connect_with(&addr, service_config()).await.unwrap();
+    assert_eq!(client.call(&WHO, 0).await.unwrap(), "i1");
+
+    // The member the store talks to (the first of its list) dies; the other two keep a quorum
+    // (after an election, if it was the leader).
+    members[0].stop();
+    wait_for(PATIENCE, "etcd writes through the other members", async || {
+        c.store().grant(Duration::from_secs(1)).await.is_ok()
+    })
+    .await;
+    // Registrations, renewals and the watch carry on through them.
+    let (s2, s2_addr, _r2) = instance(&registry, "i2").await;
+    wait_for(PATIENCE, "the client to learn of i2", async || cached(&client) == set(&[&s1_addr, &s2_addr]))
+        .await;
+    let renewals = r1.renewals();
+    wait_for(PATIENCE, "renewals through the other members", async || r1.renewals() > renewals + 2).await;
+    assert_eq!(r1.registrations(), 1, "the lease lived on in the cluster");
+    wait_for(PATIENCE, "the watch to be up again", async || c.stats().store.reachable).await;
+    // i2 leaves: the removal still reaches the client.
+    s2.shutdown().await;
+    wait_for(PATIENCE, "the client to drop i2", async || cached(&client) == set(&[&s1_addr])).await;
+    s1.shutdown().await;
+    c.shutdown().await;
+}

@@ -17,11 +17,14 @@ pub struct Etcd {
     pub client_port: u16,
     peer_port: u16,
     dir: tempfile::TempDir,
+    /// This member's name and the `--initial-cluster` it was started with.
+    name: String,
+    initial_cluster: String,
 }
 
 fn find_etcd() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("VOLLEY_ETCD_BIN") {
-        return Some(PathBuf::from(p));
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
     }
     let on_path = std::env::var_os("PATH")
         .into_iter()
@@ -38,6 +41,12 @@ fn free_port() -> u16 {
 impl Etcd {
     /// A running etcd, or `None` (the test should return) when there is no etcd binary here.
     pub async fn start() -> Option<Etcd> {
+        let mut members = Etcd::start_cluster(1).await?;
+        members.pop()
+    }
+
+    /// A cluster of `n` members on 127.0.0.1, each with its own ports and data directory.
+    pub async fn start_cluster(n: usize) -> Option<Vec<Etcd>> {
         let Some(bin) = find_etcd() else {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!(
@@ -47,15 +56,28 @@ impl Etcd {
             eprintln!("skipping: install etcd (apt-get install etcd-server)");
             return None;
         };
-        let mut etcd = Etcd {
-            bin,
-            child: None,
-            client_port: free_port(),
-            peer_port: free_port(),
-            dir: tempfile::tempdir().unwrap(),
-        };
-        etcd.spawn().await;
-        Some(etcd)
+        let mut members: Vec<Etcd> = (0..n)
+            .map(|i| Etcd {
+                bin: bin.clone(),
+                child: None,
+                client_port: free_port(),
+                peer_port: free_port(),
+                dir: tempfile::tempdir().unwrap(),
+                name: format!("volley-test-{i}"),
+                initial_cluster: String::new(),
+            })
+            .collect();
+        let initial: Vec<String> =
+            members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port)).collect();
+        for m in &mut members {
+            m.initial_cluster = initial.join(",");
+            m.launch();
+        }
+        // A member answers once a quorum is up: start them all, then wait for each.
+        for m in &mut members {
+            m.wait_ready().await;
+        }
+        Some(members)
     }
 
     fn data_dir(&self) -> &Path {
@@ -63,15 +85,20 @@ impl Etcd {
     }
 
     async fn spawn(&mut self) {
+        self.launch();
+        self.wait_ready().await;
+    }
+
+    fn launch(&mut self) {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
         let child = Command::new(&self.bin)
-            .args(["--name", "volley-test", "--data-dir"])
+            .args(["--name", &self.name, "--data-dir"])
             .arg(self.data_dir().join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("volley-test={peer}")])
+            .args(["--initial-cluster", &self.initial_cluster])
             .args(["--logger", "zap", "--log-level", "error"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -79,7 +106,10 @@ impl Etcd {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin.display()));
         self.child = Some(child);
-        // Ready when a read answers (a loaded machine may take a while).
+    }
+
+    /// Waits until a read answers (a loaded machine may take a while).
+    async fn wait_ready(&mut self) {
         let t0 = Instant::now();
         loop {
             if self.ready().await {
@@ -111,6 +141,12 @@ impl Etcd {
     /// `etcd://127.0.0.1:PORT/PREFIX`.
     pub fn url(&self, prefix: &str) -> String {
         format!("etcd://127.0.0.1:{}/{prefix}", self.client_port)
+    }
+
+    /// `etcd://127.0.0.1:PORT1,127.0.0.1:PORT2,.../PREFIX` for several members.
+    pub fn cluster_url(members: &[Etcd], prefix: &str) -> String {
+        let hosts: Vec<String> = members.iter().map(|m| format!("127.0.0.1:{}", m.client_port)).collect();
+        format!("etcd://{}/{prefix}", hosts.join(","))
     }
 
     /// Kills etcd (SIGKILL: no goodbye to its clients).
