@@ -276,9 +276,10 @@ impl EtcdStore {
                     .map(|ep| {
                         ep.connect_timeout(config.connect_timeout)
                             .tcp_nodelay(true)
-                            // A silent etcd (machine gone, network cut) is noticed within seconds.
-                            .http2_keep_alive_interval(Duration::from_secs(1))
-                            .keep_alive_timeout(Duration::from_secs(3))
+                            // A silent etcd (machine gone, network cut) is noticed within about
+                            // ten seconds; a stopped one at once (its connections close).
+                            .http2_keep_alive_interval(Duration::from_secs(5))
+                            .keep_alive_timeout(Duration::from_secs(5))
                             .keep_alive_while_idle(true)
                     })
                     .map_err(|e| StoreError::Invalid(format!("etcd endpoint {e}")))

@@ -233,7 +233,7 @@ async fn with_etcd_down_clients_call_from_the_cache_and_when_it_is_back_the_stat
 
     etcd.stop();
     wait_for(PATIENCE, "the controller to notice", async || !a.stats().store.reachable).await;
-    assert_eq!(a.stats().store.outages, 1);
+    assert!(a.stats().store.outages >= 1);
     // Calls go on from the cache, to both instances; the controller still answers look-ups
     // from its last good state.
     let mut answered = HashSet::new();
