@@ -21,7 +21,7 @@
 //! - **Instances** are keys `PREFIX/instances/SERVICE/ADDRESS` attached to their lease, with
 //!   the instance as JSON; `PREFIX/services/SERVICE` (no lease) marks a service as known. A
 //!   registration is one transaction.
-//! - **Changes** reach every controller through one etcd watch on the prefix, which feeds an
+//! - **Changes** reach every controller through one etcd watch on the instance and service keys, which feeds an
 //!   in-memory copy of the state; look-ups and the controller's long polls are answered from
 //!   it. The revision Volley reports is etcd's cluster-wide revision, and the epoch is derived
 //!   from the cluster id and prefix, so every controller reports the same revisions and a
@@ -142,7 +142,6 @@ struct Shared {
 }
 
 struct Keys {
-    prefix: String,
     instances: String,
     services: String,
     client_ids: String,
@@ -151,7 +150,6 @@ struct Keys {
 impl Keys {
     fn new(prefix: &str) -> Keys {
         Keys {
-            prefix: format!("{prefix}/"),
             instances: format!("{prefix}/instances/"),
             services: format!("{prefix}/services/"),
             client_ids: format!("{prefix}/client-ids/next"),
@@ -164,6 +162,16 @@ impl Keys {
 
     fn service(&self, service: &str) -> String {
         format!("{}{}", self.services, encode_service(service))
+    }
+
+    /// The key range the copy mirrors: `instances/` and `services/` (adjacent in key order),
+    /// not the client-id counter, whose every move would otherwise wake every long poll.
+    fn state_start(&self) -> Vec<u8> {
+        self.instances.clone().into_bytes()
+    }
+
+    fn state_end(&self) -> Vec<u8> {
+        prefix_end(&self.services)
     }
 }
 
@@ -452,8 +460,8 @@ impl Shared {
     /// and the revision read at.
     async fn relist(&self) -> Result<(u64, u64), StoreError> {
         let req = pb::RangeRequest {
-            key: self.keys.prefix.clone().into_bytes(),
-            range_end: prefix_end(&self.keys.prefix),
+            key: self.keys.state_start(),
+            range_end: self.keys.state_end(),
             ..Default::default()
         };
         let resp = self.range(req).await.map_err(|e| backend("range", e))?;
@@ -637,8 +645,8 @@ enum WatchEnd {
 async fn watch_from(shared: &Shared, from: u64) -> WatchEnd {
     let create = pb::WatchRequest {
         request_union: Some(pb::watch_request::RequestUnion::CreateRequest(pb::WatchCreateRequest {
-            key: shared.keys.prefix.clone().into_bytes(),
-            range_end: prefix_end(&shared.keys.prefix),
+            key: shared.keys.state_start(),
+            range_end: shared.keys.state_end(),
             start_revision: from as i64,
             ..Default::default()
         })),
@@ -935,6 +943,18 @@ mod tests {
         cache.apply(&keys, &k, None, 8);
         let s = &cache.services["a/b%c"];
         assert_eq!((s.revision, s.known, s.instances.len()), (8, true, 0));
+    }
+
+    #[test]
+    fn the_mirrored_range_holds_instances_and_services_but_not_the_id_counter() {
+        let keys = Keys::new("/v");
+        let inside =
+            |k: &str| k.as_bytes() >= &keys.state_start()[..] && k.as_bytes() < &keys.state_end()[..];
+        assert!(inside(&keys.instance("a", "tcp://h:1")));
+        assert!(inside(&keys.service("a")));
+        assert!(inside(&keys.service("\u{10ffff}")));
+        assert!(!inside(&keys.client_ids));
+        assert!(!inside("/v/zzz") && !inside("/w/instances/a/x"));
     }
 
     #[test]
