@@ -131,18 +131,30 @@ async fn a_registration_through_controller_a_is_seen_through_b_and_its_removal_i
     b.shutdown().await;
 }
 
+/// A child process that does not outlive a failed test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_whose_process_is_killed_disappears_when_its_lease_lapses() {
     let Some(etcd) = Etcd::start().await else { return };
     let (a, a_addr) = controller(&etcd, "killed").await;
     let registry = Registry::connect(&a_addr).await.unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_volley-etcd-test-server"))
-        .args([&a_addr, SERVICE, "child", "3000"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_volley-etcd-test-server"))
+            .args([&a_addr, SERVICE, "child", "3000"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    std::io::BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let child_addr =
         line.trim().strip_prefix("ready ").unwrap_or_else(|| panic!("child said {line:?}")).to_string();
     let listed = resolved(&registry).await;
@@ -152,9 +164,9 @@ async fn a_server_whose_process_is_killed_disappears_when_its_lease_lapses() {
 
     // SIGKILL: no deregistration, no more renewals. The lease (3 s) lapses in etcd, etcd
     // deletes the key, the watch tells the controller.
-    child.kill().unwrap();
+    child.0.kill().unwrap();
     let killed = Instant::now();
-    child.wait().unwrap();
+    child.0.wait().unwrap();
     wait_for(PATIENCE, "the killed server to disappear", async || resolved(&registry).await.is_empty()).await;
     let gone_after = killed.elapsed();
     // It went because its lease ran out, not at once: the last renewal (every second) left at
