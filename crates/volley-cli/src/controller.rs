@@ -6,12 +6,21 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())
 }
 
-/// `volley controller --listen ADDR`: a standalone registry until Ctrl-C.
-pub fn serve(listen: &str) -> Result<(), String> {
+/// `volley controller --listen ADDR [--store memory|etcd://...]`: a standalone registry until
+/// Ctrl-C.
+pub fn serve(listen: &str, store: &str) -> Result<(), String> {
     runtime()?.block_on(async {
-        let controller = Controller::new(ControllerConfig::default());
+        let controller = match store {
+            "memory" => Controller::new(ControllerConfig::default()),
+            s if s.starts_with("etcd://") => etcd_controller(s).await?,
+            s => {
+                return Err(format!(
+                    "--store {s:?}: expected memory or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"
+                ));
+            }
+        };
         let bound = controller.listen(listen).await.map_err(|e| e.to_string())?;
-        eprintln!("registry controller on {bound} (Ctrl-C to stop)");
+        eprintln!("registry controller on {bound}, store {store} (Ctrl-C to stop)");
         // Scripts read the bound address (with the real port for tcp://HOST:0) from stdout.
         println!("{bound}");
         tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
@@ -19,6 +28,23 @@ pub fn serve(listen: &str) -> Result<(), String> {
         controller.shutdown().await;
         Ok(())
     })
+}
+
+/// A controller over etcd: several of them over one etcd act as one registry.
+#[cfg(feature = "etcd")]
+async fn etcd_controller(url: &str) -> Result<Controller, String> {
+    use std::sync::Arc;
+    let config = volley_etcd::EtcdConfig::parse(url)?;
+    let store = volley_etcd::EtcdStore::connect(config).await.map_err(|e| format!("--store {url}: {e}"))?;
+    Ok(Controller::with_store(Arc::new(store), ControllerConfig::default()))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn etcd_controller(url: &str) -> Result<Controller, String> {
+    Err(format!(
+        "--store {url}: this volley was built without etcd support; rebuild it with \
+         `cargo build --release -p volley-cli --features etcd` (see docs/ETCD.md)"
+    ))
 }
 
 /// `volley ls --registry ADDR [--json]`: services and instances.

@@ -22,8 +22,9 @@ enum Command {
         /// Address to listen on: unix:///PATH or tcp://HOST:PORT.
         #[arg(long, default_value = "tcp://127.0.0.1:7411")]
         listen: String,
-        /// Register the service with the registry at this address (and renew the lease until
-        /// shut down, when it is revoked at once).
+        /// Register the service with the registry at this address, or with the first that
+        /// answers of a comma-separated list of controllers (and renew the lease until shut
+        /// down, when it is revoked at once).
         #[arg(long)]
         registry: Option<String>,
         /// The service name to serve and register.
@@ -39,10 +40,16 @@ enum Command {
         /// Address to listen on: unix:///PATH or tcp://HOST:PORT.
         #[arg(long, default_value = "tcp://127.0.0.1:7400")]
         listen: String,
+        /// Where registrations, leases and client ids live: `memory` (this process only), or
+        /// `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` so that several controllers over one etcd
+        /// act as one registry (needs a build with `--features etcd`; see docs/ETCD.md).
+        #[arg(long, default_value = "memory")]
+        store: String,
     },
     /// List the services and instances a registry knows.
     Ls {
-        /// The registry controller's address.
+        /// The registry controller's address (or several, comma-separated: the first that
+        /// answers).
         #[arg(long)]
         registry: String,
         /// Print one JSON object instead of text.
@@ -88,7 +95,7 @@ fn main() -> std::process::ExitCode {
         Command::ServeEcho { listen, registry, name, advertise } => {
             echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref())
         }
-        Command::Controller { listen } => controller::serve(&listen),
+        Command::Controller { listen, store } => controller::serve(&listen, &store),
         Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Large(args)), .. }) => large_bench::run(args),

@@ -101,6 +101,28 @@ fn bad_addresses_are_reported_clearly() {
     assert!(err.contains("unknown scheme"), "{err}");
 }
 
+/// Without the `etcd` feature, `--store etcd://...` says how to rebuild; a store that is
+/// neither memory nor etcd is refused.
+#[test]
+fn controller_store_flag_is_checked() {
+    let out = volley()
+        .args(["controller", "--listen", "tcp://127.0.0.1:0", "--store", "zookeeper://h:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("expected memory or etcd://"), "{err}");
+    if cfg!(not(feature = "etcd")) {
+        let out = volley()
+            .args(["controller", "--listen", "tcp://127.0.0.1:0", "--store", "etcd://127.0.0.1:1"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--features etcd"), "{err}");
+    }
+}
+
 #[test]
 fn bench_mode_both_compares_single_and_batch_in_one_run() {
     for transport in ["inproc", "tcp"] {

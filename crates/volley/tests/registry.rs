@@ -895,3 +895,86 @@ async fn a_batch_over_three_instances_uses_all_three() {
     }
     controller.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Several controllers
+// ---------------------------------------------------------------------------------------------
+
+/// `Registry` and `ServiceClient` given `A,B`: everything goes to A while it is up; when A goes,
+/// the server's keeper and the client's watch move to B (the server registers again there,
+/// since B's in-memory store never saw it), the client keeps calling, and a server that
+/// registers with B afterwards reaches the client through B. A client that starts while A is
+/// down connects to B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_and_servers_given_two_controllers_fail_over_when_the_first_goes() {
+    let (a, a_addr) = start_controller("tcp://127.0.0.1:0", Duration::ZERO).await;
+    let (b, b_addr) = start_controller("tcp://127.0.0.1:0", Duration::ZERO).await;
+    let both = format!("{a_addr},{b_addr}");
+    let lease = LeaseConfig {
+        ttl: Duration::from_millis(600),
+        renew_every: Some(Duration::from_millis(100)),
+        retry_every: Some(Duration::from_millis(30)),
+    };
+    let registry = Registry::connect(&both).await.unwrap();
+    assert_eq!(registry.controllers(), [a_addr.clone(), b_addr.clone()]);
+    assert_eq!(registry.current_controller(), a_addr);
+    let s1 = instance("i1", Arc::default());
+    let s1_addr = s1.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let reg1 = register(&registry, &s1, &s1_addr, lease.clone()).await;
+    let client = ServiceClient::connect_with(&both, service_config(Mode::Direct)).await.unwrap();
+    assert_eq!(client.call(&WHO, 0).await.unwrap(), "i1");
+    let on_b = Registry::connect(&b_addr).await.unwrap();
+    assert_eq!(listed_count(&on_b, SERVICE).await, 0, "everything went to A so far");
+    assert_eq!(registry.stats().failovers, 0);
+
+    a.shutdown().await;
+    // The keeper's next renewal fails over to B, which does not know the lease: the server
+    // registers again, with B.
+    // (B lists the instance a moment before the keeper has counted its reply: wait for both.)
+    wait_for(Duration::from_secs(10), "the server to register with B", async || {
+        listed_count(&on_b, SERVICE).await == 1 && reg1.registrations() >= 2
+    })
+    .await;
+    assert!(registry.stats().failovers >= 1);
+    assert_eq!(registry.current_controller(), b_addr);
+    for i in 0..20 {
+        assert_eq!(client.call(&DOUBLE, i).await, Ok(i * 2), "call {i} after A went");
+    }
+
+    // A server that registers with B only is pushed to the client through B.
+    let s2 = instance("i2", Arc::default());
+    let s2_addr = s2.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let _reg2 = register(&on_b, &s2, &s2_addr, lease.clone()).await;
+    wait_until(Duration::from_secs(10), "the client to learn of i2 through B", || {
+        cached_addresses(&client).contains(&s2_addr)
+    })
+    .await;
+    assert_eq!(client.registry().current_controller(), b_addr);
+    assert!(client.registry().stats().failovers >= 1);
+    let mut answered_by = HashSet::new();
+    for _ in 0..20 {
+        answered_by.insert(client.call(&WHO, 0).await.unwrap());
+    }
+    assert_eq!(answered_by, HashSet::from(["i1".to_string(), "i2".to_string()]));
+
+    // A new client, with A still down, starts on B.
+    let late = ServiceClient::connect_with(&both, service_config(Mode::Direct)).await.unwrap();
+    assert_eq!(late.registry().current_controller(), b_addr);
+    assert!(late.call(&WHO, 0).await.is_ok());
+    // A list with nothing answering fails with a connection error, not a hang.
+    a_down_b_down_fails(&a_addr).await;
+
+    for s in [&s1, &s2] {
+        s.shutdown().await;
+    }
+    b.shutdown().await;
+}
+
+async fn a_down_b_down_fails(a_addr: &str) {
+    let nowhere = format!("{a_addr},{}", unix_address("nobody-listens"));
+    match Registry::connect(&nowhere).await {
+        Err(Error::Connection(_)) => {}
+        Err(e) => panic!("expected a connection error, got {e}"),
+        Ok(_) => panic!("connected to a list of controllers that are all down"),
+    }
+}

@@ -1,9 +1,12 @@
-//! [`Registry`]: a connection to a controller, with the registry protocol as typed calls, and
-//! counters of every message exchanged with it.
+//! [`Registry`]: a connection to a controller — or to the first answering one of a list of
+//! controllers over one shared store — with the registry protocol as typed calls, failover
+//! between the controllers, and counters of every message exchanged with them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use super::wire::*;
 use crate::client::{CallOptions, Client, ClientConfig};
@@ -23,16 +26,33 @@ const MARGIN: Duration = Duration::from_secs(5);
 /// request this client sends after first contact — to the controller or, through a
 /// [`ServiceClient`](super::ServiceClient), to any instance — has an id unique across the
 /// registry's clients. The id is given back when the last clone is dropped.
+///
+/// **Several controllers.** The address may be a comma-separated list
+/// (`tcp://a:7400,tcp://b:7400`): controllers that share one store (etcd, see
+/// `docs/ETCD.md`) and so behave as one registry. Calls go to one controller at a time — the
+/// first of the list that answers — and move to the next one when it cannot be reached or its
+/// connection fails (a relayed call that may already have been sent moves only if it is
+/// idempotent). Controllers with separate in-memory stores can be listed too; they do not
+/// share state, but servers register again with, and clients re-read from, whichever one
+/// answers.
 #[derive(Clone)]
 pub struct Registry {
     inner: Arc<Inner>,
 }
 
 struct Inner {
+    /// The address as given (one controller, or a comma-separated list).
     address: String,
     /// Sent with register, renew and deregister (empty: none).
     credential: parking_lot::RwLock<String>,
-    client: Client,
+    /// The controllers, in order of preference.
+    controllers: Vec<String>,
+    config: ClientConfig,
+    /// A connection per controller, made on first use (reconnecting on demand after that).
+    clients: Mutex<Vec<Option<Client>>>,
+    /// Index of the controller calls go to now.
+    current: AtomicUsize,
+    failovers: AtomicU64,
     client_id: u32,
     sequence: Arc<AtomicU32>,
     /// Transport counters of the first-contact connection.
@@ -57,6 +77,9 @@ pub struct RegistryStats {
     /// Transport counters of the connection, first contact included (frames, messages,
     /// bytes; zero over `inproc://`, where nothing is encoded).
     pub transport: Snapshot,
+    /// Times calls moved to another controller of the list because the one in use could not
+    /// be reached.
+    pub failovers: u64,
 }
 
 impl RegistryStats {
@@ -74,25 +97,61 @@ impl Registry {
     }
 
     /// Connects with explicit connection settings (timeouts, limits). `client_id` and
-    /// `shared_sequence` are replaced by the ones the registry allocates.
+    /// `shared_sequence` are replaced by the ones the registry allocates. `addr` may list
+    /// several controllers, separated by commas; the first that answers is used.
     pub async fn connect_with(addr: &str, config: ClientConfig) -> Result<Registry, Error> {
-        if addr == super::DEFAULT_REGISTRY {
+        let controllers: Vec<String> =
+            addr.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect();
+        if controllers.is_empty() {
+            return Err(Error::InvalidAddress {
+                addr: addr.to_string(),
+                reason: "no controller address".into(),
+            });
+        }
+        if controllers.iter().any(|a| a == super::DEFAULT_REGISTRY) {
             super::ensure_embedded().await?;
         }
-        // First contact: ask for a client id over a connection whose own id is process-local.
-        let bootstrap = Client::connect_with(addr, config.clone()).await?;
-        let client_id = bootstrap.call(&ALLOC_CLIENT_ID, ()).await?;
-        let bootstrap_transport = bootstrap.counters();
-        drop(bootstrap);
+        // First contact: ask for a client id over a connection whose own id is process-local,
+        // from the first controller that answers.
+        let mut first = None;
+        let mut last_err = None;
+        for (i, a) in controllers.iter().enumerate() {
+            let attempt = async {
+                let bootstrap = Client::connect_with(a, config.clone()).await?;
+                let id = bootstrap.call(&ALLOC_CLIENT_ID, ()).await?;
+                Ok::<_, Error>((id, bootstrap.counters()))
+            };
+            match attempt.await {
+                Ok((id, counters)) => {
+                    first = Some((i, id, counters));
+                    break;
+                }
+                Err(e) => {
+                    if controllers.len() > 1 {
+                        tracing::warn!(controller = %a, error = %e, "registry controller unavailable; trying the next one");
+                    }
+                    last_err = Some(e);
+                }
+            }
+        }
+        let Some((index, client_id, bootstrap_transport)) = first else {
+            return Err(last_err.expect("at least one controller was tried"));
+        };
         let sequence = Arc::new(AtomicU32::new(0));
         let cfg =
             ClientConfig { client_id: Some(client_id), shared_sequence: Some(sequence.clone()), ..config };
-        let client = Client::connect_with(addr, cfg).await?;
+        let client = Client::connect_with(&controllers[index], cfg.clone()).await?;
+        let mut clients = vec![None; controllers.len()];
+        clients[index] = Some(client);
         Ok(Registry {
             inner: Arc::new(Inner {
                 address: addr.to_string(),
                 credential: Default::default(),
-                client,
+                controllers,
+                config: cfg,
+                clients: Mutex::new(clients),
+                current: AtomicUsize::new(index),
+                failovers: AtomicU64::new(0),
                 client_id,
                 sequence,
                 bootstrap_transport,
@@ -122,8 +181,19 @@ impl Registry {
         self.inner.client_id
     }
 
+    /// The registry address as given (one controller, or a comma-separated list).
     pub fn address(&self) -> &str {
         &self.inner.address
+    }
+
+    /// The controllers this client may use, in order of preference.
+    pub fn controllers(&self) -> &[String] {
+        &self.inner.controllers
+    }
+
+    /// The controller calls go to now.
+    pub fn current_controller(&self) -> &str {
+        &self.inner.controllers[self.inner.current.load(Relaxed)]
     }
 
     pub fn stats(&self) -> RegistryStats {
@@ -135,9 +205,12 @@ impl Registry {
             messages_received: i.received.load(Relaxed),
             transport: {
                 let mut t = i.bootstrap_transport;
-                super::pool::add_snapshot(&mut t, &i.client.counters());
+                for c in i.clients.lock().iter().flatten() {
+                    super::pool::add_snapshot(&mut t, &c.counters());
+                }
                 t
             },
+            failovers: i.failovers.load(Relaxed),
         }
     }
 
@@ -151,15 +224,80 @@ impl Registry {
         }
     }
 
-    async fn call<Req: Wire, Resp: Wire>(
+    /// The connection to controller `i`, made if there is none yet.
+    async fn client(&self, i: usize) -> Result<Client, Error> {
+        if let Some(c) = self.inner.clients.lock()[i].clone() {
+            return Ok(c);
+        }
+        let c = Client::connect_with(&self.inner.controllers[i], self.inner.config.clone()).await?;
+        Ok(self.inner.clients.lock()[i].get_or_insert(c).clone())
+    }
+
+    /// Calls the controller in use; if it cannot be reached, or its connection fails or the
+    /// call times out and `repeatable` allows sending the request again, the next controller of
+    /// the list (each is tried once per call).
+    async fn call<Req: Wire + Clone, Resp: Wire>(
         &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        timeout: Option<Duration>,
+        repeatable: bool,
+    ) -> Result<Resp, Error> {
+        let n = self.inner.controllers.len();
+        if n == 1 {
+            // One controller: nothing to fail over to, and no clone of the request.
+            let client = self.client(0).await?;
+            return self.call_one(&client, m, req, timeout).await;
+        }
+        let start = self.inner.current.load(Relaxed);
+        let mut last_err = None;
+        for k in 0..n {
+            let i = (start + k) % n;
+            if k > 0 {
+                let (from, to) = (&self.inner.controllers[(i + n - 1) % n], &self.inner.controllers[i]);
+                tracing::warn!(from = %from, to = %to, error = %last_err.as_ref().expect("set"), "registry controller unreachable; failing over");
+                self.inner.failovers.fetch_add(1, Relaxed);
+            }
+            let client = match self.client(i).await {
+                Ok(c) => c,
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            // A connection that is down now is made again before anything is sent, so a
+            // failure to make it means the request did not go out.
+            let was_connected = client.is_connected();
+            let r = self.call_one(&client, m, req.clone(), timeout).await;
+            match r {
+                Err(e @ (Error::Connection(_) | Error::Closed)) if repeatable || !was_connected => {
+                    last_err = Some(e);
+                    continue;
+                }
+                Err(e @ Error::Timeout(_)) if repeatable => {
+                    last_err = Some(e);
+                    continue;
+                }
+                _ => {}
+            }
+            if k > 0 {
+                self.inner.current.store(i, Relaxed);
+            }
+            return r;
+        }
+        Err(last_err.expect("every controller was tried"))
+    }
+
+    async fn call_one<Req: Wire, Resp: Wire>(
+        &self,
+        client: &Client,
         m: &Method<Req, Resp>,
         req: Req,
         timeout: Option<Duration>,
     ) -> Result<Resp, Error> {
         self.inner.sent.fetch_add(1, Relaxed);
         let opts = CallOptions { timeout, idempotent: false };
-        let call = self.inner.client.call_with(m, req, opts);
+        let call = client.call_with(m, req, opts);
         // The deadline covers reconnecting too (a call's own deadline starts once connected).
         let r = match timeout {
             Some(t) => tokio::time::timeout(t, call).await.unwrap_or(Err(Error::Timeout(t))),
@@ -174,25 +312,25 @@ impl Registry {
     /// The instances of `service` now (one look-up).
     pub async fn resolve(&self, service: &str) -> Result<Resolved, Error> {
         self.inner.lookups.fetch_add(1, Relaxed);
-        self.call(&RESOLVE, service.to_string(), None).await
+        self.call(&RESOLVE, service.to_string(), None, true).await
     }
 
     /// One long poll (see [`WATCH`]).
     pub async fn watch(&self, req: WatchRequest) -> Result<Resolved, Error> {
         self.inner.watches.fetch_add(1, Relaxed);
         let t = Duration::from_millis(req.timeout_ms) + MARGIN;
-        self.call(&WATCH, req, Some(t)).await
+        self.call(&WATCH, req, Some(t), true).await
     }
 
     /// Every service and instance.
     pub async fn list(&self) -> Result<Listing, Error> {
-        self.call(&LIST, (), None).await
+        self.call(&LIST, (), None, true).await
     }
 
     /// A fresh client id (for clients that connect to servers without a `Registry` of their
     /// own).
     pub async fn alloc_client_id(&self) -> Result<u32, Error> {
-        self.call(&ALLOC_CLIENT_ID, (), None).await
+        self.call(&ALLOC_CLIENT_ID, (), None, true).await
     }
 
     pub(crate) async fn register_raw(
@@ -203,22 +341,23 @@ impl Registry {
         if req.credential.is_empty() {
             req.credential = self.credential();
         }
-        self.call(&REGISTER, req, Some(timeout)).await.map_err(unauthenticated)
+        self.call(&REGISTER, req, Some(timeout), true).await.map_err(unauthenticated)
     }
 
     pub(crate) async fn renew(&self, lease: u64, timeout: Duration) -> Result<Renewed, Error> {
         let req = LeaseRequest { lease, credential: self.credential() };
-        self.call(&RENEW, req, Some(timeout)).await.map_err(unauthenticated)
+        self.call(&RENEW, req, Some(timeout), true).await.map_err(unauthenticated)
     }
 
     pub(crate) async fn deregister(&self, lease: u64, timeout: Duration) -> Result<u32, Error> {
         let req = LeaseRequest { lease, credential: self.credential() };
-        self.call(&DEREGISTER, req, Some(timeout)).await.map_err(unauthenticated)
+        self.call(&DEREGISTER, req, Some(timeout), true).await.map_err(unauthenticated)
     }
 
     /// Relayed mode: the controller forwards the call and relays the outcome.
     pub(crate) async fn relay(&self, req: RelayRequest, timeout: Duration) -> Result<RelayReply, Error> {
-        self.call(&RELAY, req, Some(timeout + MARGIN)).await
+        let repeatable = req.idempotent;
+        self.call(&RELAY, req, Some(timeout + MARGIN), repeatable).await
     }
 }
 
@@ -236,7 +375,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Give the id back, best effort: a client that vanishes keeps its id reserved.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (client, id) = (self.client.clone(), self.client_id);
+            let current = self.current.load(Relaxed);
+            let Some(client) = self.clients.lock()[current].clone() else { return };
+            let id = self.client_id;
             rt.spawn(async move {
                 let opts = CallOptions::default().timeout(Duration::from_secs(1));
                 let _ = client.call_with(&RELEASE_CLIENT_ID, id, opts).await;

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::pool::{Balance, Pool, PoolConfig, PoolStats, Route};
-use super::store::{MemoryStore, Store, StoreError};
+use super::store::{MemoryStore, Store, StoreError, StoreStatus};
 use super::wire::*;
 use crate::client::{CallOptions, ClientConfig};
 use crate::error::{Error, Status};
@@ -79,6 +79,8 @@ pub struct ControllerStats {
     pub watches: u64,
     pub relayed_calls: u64,
     pub relay_failovers: u64,
+    /// The store's backend: reachable or not, outages, errors, re-reads.
+    pub store: StoreStatus,
 }
 
 /// A running controller. Cheap to clone.
@@ -110,7 +112,7 @@ impl Controller {
     pub fn with_store(store: Arc<dyn Store>, config: ControllerConfig) -> Controller {
         let rev = store.subscribe();
         let state = Arc::new(State {
-            epoch: fastrand::u64(1..),
+            epoch: store.epoch().unwrap_or_else(|| fastrand::u64(1..)),
             started: Instant::now(),
             stop: CancellationToken::new(),
             expiry_started: AtomicBool::new(false),
@@ -146,7 +148,8 @@ impl Controller {
         !self.state.stop.is_cancelled()
     }
 
-    /// Changes whenever a controller starts over a store that is not durable.
+    /// Changes whenever a controller starts over a store that is not durable; the same for
+    /// every controller over one shared store.
     pub fn epoch(&self) -> u64 {
         self.state.epoch
     }
@@ -172,6 +175,7 @@ impl Controller {
             watches: self.state.watches.load(Relaxed),
             relayed_calls: relay.calls.load(Relaxed),
             relay_failovers: relay.stats.failovers.load(Relaxed),
+            store: self.state.store.status(),
         }
     }
 }

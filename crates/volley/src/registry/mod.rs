@@ -3,10 +3,12 @@
 //!
 //! - [`Controller`] — a Volley [`Server`](crate::Server) serving the registry protocol
 //!   ([`wire`]): leases, instances by service, watches (long polls), client ids, and the relay
-//!   of relayed mode, over a [`Store`] ([`MemoryStore`] now; the trait leaves room for etcd).
+//!   of relayed mode, over a [`Store`] ([`MemoryStore`] here; the `volley-etcd` crate has one
+//!   over etcd, so that several controllers act as one registry).
 //!   Embedded by default ([`DEFAULT_REGISTRY`], started on first use) or standalone
 //!   (`volley controller --listen ADDR`).
-//! - [`Registry`] — a connection to a controller; [`Registry::register`] puts a server's
+//! - [`Registry`] — a connection to a controller (or to one of a list, with failover);
+//!   [`Registry::register`] puts a server's
 //!   instances under a lease that a task renews (and rebuilds after a controller restart) and
 //!   revokes when the server shuts down.
 //! - [`ServiceClient`] — calls services by name. **Direct mode** (default): resolve once, cache,
@@ -36,7 +38,7 @@ pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash}
 pub use pool::Balance;
 pub use registration::{LeaseConfig, Registration};
 pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig, merge_sorted};
-pub use store::{MemoryStore, ServiceState, Store, StoreError};
+pub use store::{MemoryStore, ServiceState, Store, StoreError, StoreStatus};
 pub use wire::{Instance, InstanceSpec, Listing, Resolved};
 
 use crate::error::Error;

@@ -80,6 +80,39 @@ pub trait Store: Send + Sync + 'static {
     fn durable(&self) -> bool {
         false
     }
+    /// The epoch of this store's revisions, if it is shared: every controller over one etcd
+    /// prefix reports the same one, so a client that moves between them keeps its place.
+    /// `None`: each controller picks a random epoch when it starts.
+    fn epoch(&self) -> Option<u64> {
+        None
+    }
+    /// How the backend is doing (a remote store may be unreachable while the controller keeps
+    /// answering from its last good state).
+    fn status(&self) -> StoreStatus {
+        StoreStatus::default()
+    }
+}
+
+/// The health of a [`Store`]'s backend, readable at runtime (part of
+/// [`ControllerStats`](super::ControllerStats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStatus {
+    /// Whether the backend answers now. While it does not, the controller answers look-ups
+    /// and watches from the last state it read, and registrations fail.
+    pub reachable: bool,
+    /// Times the backend became unreachable.
+    pub outages: u64,
+    /// Backend operations that failed.
+    pub errors: u64,
+    /// Times the whole state was read again (after a start, a reconnect that could not resume,
+    /// or a compacted watch revision).
+    pub relists: u64,
+}
+
+impl Default for StoreStatus {
+    fn default() -> Self {
+        StoreStatus { reachable: true, outages: 0, errors: 0, relists: 0 }
+    }
 }
 
 /// The in-memory store: everything lives in this process and is lost when it exits.

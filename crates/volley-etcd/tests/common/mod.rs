@@ -1,0 +1,188 @@
+//! A real etcd server for the tests: started on 127.0.0.1 with free ports and a temporary data
+//! directory, killed when dropped. Without an etcd binary the tests skip with a message saying
+//! how to install one — except on CI (`CI=true`), where they fail.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use volley_etcd::pb;
+
+pub struct Etcd {
+    bin: PathBuf,
+    child: Option<Child>,
+    pub client_port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+    /// This member's name and the `--initial-cluster` it was started with.
+    name: String,
+    initial_cluster: String,
+}
+
+fn find_etcd() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("VOLLEY_ETCD_BIN") {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("etcd"))
+        .find(|p| p.is_file());
+    on_path.or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|p| p.is_file()))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Etcd {
+    /// A running etcd, or `None` (the test should return) when there is no etcd binary here.
+    pub async fn start() -> Option<Etcd> {
+        let mut members = Etcd::start_cluster(1).await?;
+        members.pop()
+    }
+
+    /// A cluster of `n` members on 127.0.0.1, each with its own ports and data directory.
+    pub async fn start_cluster(n: usize) -> Option<Vec<Etcd>> {
+        let Some(bin) = find_etcd() else {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!(
+                    "no etcd binary on PATH or at /usr/bin/etcd: CI must run the etcd tests (.ci/run installs etcd-server)"
+                );
+            }
+            eprintln!("skipping: install etcd (apt-get install etcd-server)");
+            return None;
+        };
+        let mut members: Vec<Etcd> = (0..n)
+            .map(|i| Etcd {
+                bin: bin.clone(),
+                child: None,
+                client_port: free_port(),
+                peer_port: free_port(),
+                dir: tempfile::tempdir().unwrap(),
+                name: format!("volley-test-{i}"),
+                initial_cluster: String::new(),
+            })
+            .collect();
+        let initial: Vec<String> =
+            members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port)).collect();
+        for m in &mut members {
+            m.initial_cluster = initial.join(",");
+            m.launch();
+        }
+        // A member answers once a quorum is up: start them all, then wait for each.
+        for m in &mut members {
+            m.wait_ready().await;
+        }
+        Some(members)
+    }
+
+    fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    async fn spawn(&mut self) {
+        self.launch();
+        self.wait_ready().await;
+    }
+
+    fn launch(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        let child = Command::new(&self.bin)
+            .args(["--name", &self.name, "--data-dir"])
+            .arg(self.data_dir().join("data"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--logger", "zap", "--log-level", "error"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin.display()));
+        self.child = Some(child);
+    }
+
+    /// Waits until a read answers (a loaded machine may take a while).
+    async fn wait_ready(&mut self) {
+        let t0 = Instant::now();
+        loop {
+            if self.ready().await {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+                panic!("etcd exited at start ({status}):\n{log}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "etcd did not answer within 60 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        let Ok(ep) =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", self.client_port))
+        else {
+            return false;
+        };
+        let Ok(Ok(channel)) = tokio::time::timeout(Duration::from_secs(2), ep.connect()).await else {
+            return false;
+        };
+        let mut kv = pb::kv_client::KvClient::new(channel);
+        let req = pb::RangeRequest { key: b"/ready".to_vec(), ..Default::default() };
+        matches!(tokio::time::timeout(Duration::from_secs(2), kv.range(req)).await, Ok(Ok(_)))
+    }
+
+    /// `etcd://127.0.0.1:PORT/PREFIX`.
+    pub fn url(&self, prefix: &str) -> String {
+        format!("etcd://127.0.0.1:{}/{prefix}", self.client_port)
+    }
+
+    /// `etcd://127.0.0.1:PORT1,127.0.0.1:PORT2,.../PREFIX` for several members.
+    pub fn cluster_url(members: &[Etcd], prefix: &str) -> String {
+        let hosts: Vec<String> = members.iter().map(|m| format!("127.0.0.1:{}", m.client_port)).collect();
+        format!("etcd://{}/{prefix}", hosts.join(","))
+    }
+
+    /// Kills etcd (SIGKILL: no goodbye to its clients).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data.
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.spawn().await;
+    }
+
+    /// A gRPC client of the KV service (compaction, direct reads).
+    pub async fn kv(&self) -> pb::kv_client::KvClient<tonic::transport::Channel> {
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", self.client_port))
+            .unwrap();
+        pb::kv_client::KvClient::new(ep.connect().await.unwrap())
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits (up to `within`) until `cond` holds; returns how long that took.
+pub async fn wait_for(within: Duration, what: &str, mut cond: impl AsyncFnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !cond().await {
+        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t0.elapsed()
+}
