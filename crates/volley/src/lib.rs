@@ -30,6 +30,7 @@ pub mod client;
 pub mod codec;
 mod error;
 mod method;
+pub mod pool;
 pub mod proto;
 pub mod registry;
 pub mod server;
