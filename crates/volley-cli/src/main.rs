@@ -4,6 +4,26 @@ mod bench;
 mod codec_bench;
 mod controller;
 mod echo;
+mod idle_bench;
+mod pools_bench;
+
+// `--features mimalloc` or `--features jemalloc` picks the process's global allocator (both:
+// jemalloc). The default is the system allocator: see docs/BENCHMARKS.md, "Global allocator".
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// The global allocator this binary was built with.
+pub const GLOBAL_ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
+    "jemalloc"
+} else if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "system"
+};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -70,6 +90,12 @@ enum BenchWhat {
     /// Codec tiers against each other and a bare memcpy: the seed's serialization tables 1-3
     /// (string, Vec<i32>, Vec<POD>, HashMap<String, i32>, HashMap<i32, i32>, hash-table inserts).
     Codec(codec_bench::CodecArgs),
+    /// Memory pools against the system allocator, mimalloc and jemalloc: seeds/002's
+    /// experiments (fixed-size churn, hash-table churn with 1 and N threads, a map from a custom
+    /// allocator, variable sizes with 4 threads, 4-byte arena allocations).
+    Pools(pools_bench::PoolsArgs),
+    /// The server's resident memory with N idle TCP connections (clients in a child process).
+    Idle(idle_bench::IdleArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -86,6 +112,8 @@ fn main() -> std::process::ExitCode {
         Command::Controller { listen } => controller::serve(&listen),
         Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Pools(args)), .. }) => pools_bench::run(args),
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Idle(args)), .. }) => idle_bench::run(args),
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
     };
     match result {
