@@ -34,7 +34,22 @@ BATCH = [
     ("inproc, shared: 8 callers x call_batch(128)", ["--transport", "inproc", "--mode", "batch", "--concurrency", "8", "--runtime", "shared"]),
 ]
 
-SUITES = {"core": CORE, "batch": BATCH}
+# Issue 6: the same binary with Volley's memory pools on and off (`--pools off` is the
+# allocation behaviour from before them), interleaved; the table adds the on/off ratio.
+POOLS = [
+    ("tcp, 256 callers, split: pools on", ["--transport", "tcp", "--runtime", "split", "--pools", "on"]),
+    ("tcp, 256 callers, split: pools off", ["--transport", "tcp", "--runtime", "split", "--pools", "off"]),
+    ("tcp, 1 caller, split: pools on", ["--transport", "tcp", "--runtime", "split", "--concurrency", "1", "--pools", "on"]),
+    ("tcp, 1 caller, split: pools off", ["--transport", "tcp", "--runtime", "split", "--concurrency", "1", "--pools", "off"]),
+    ("tcp, 256 callers, shared: pools on", ["--transport", "tcp", "--runtime", "shared", "--pools", "on"]),
+    ("tcp, 256 callers, shared: pools off", ["--transport", "tcp", "--runtime", "shared", "--pools", "off"]),
+    ("unix, 256 callers, split: pools on", ["--transport", "unix", "--runtime", "split", "--pools", "on"]),
+    ("unix, 256 callers, split: pools off", ["--transport", "unix", "--runtime", "split", "--pools", "off"]),
+    ("inproc, 256 callers, split: pools on", ["--transport", "inproc", "--runtime", "split", "--pools", "on"]),
+    ("inproc, 256 callers, split: pools off", ["--transport", "inproc", "--runtime", "split", "--pools", "off"]),
+]
+
+SUITES = {"core": CORE, "batch": BATCH, "pools": POOLS}
 
 def main():
     ap = argparse.ArgumentParser()
@@ -64,6 +79,21 @@ def main():
         print(f"| {label} | {med(label, 'items_per_s'):,.0f} | {med(label, 'calls_per_s'):,.0f} | {med(label, 'p50_us'):.1f} | "
               f"{med(label, 'p99_us'):.1f} | {med(label, 'p999_us'):.1f} | {med(label, 'messages_per_frame'):.1f} |")
     print(f"\nmedians of {a.rounds} rounds of {a.duration:g} s each")
+    # Pairs "X: pools on" / "X: pools off": the ratio of calls/s, per round (same moment), then
+    # the median of those ratios.
+    pairs = [(l[: -len(": pools on")], l) for l, _ in SCENARIOS if l.endswith(": pools on")]
+    if pairs:
+        # CPU per call (user + sys of the process, client and server) is the steadier measure on
+        # a shared machine: waiting for a core costs no CPU time.
+        print("\n| scenario | calls/s on / off | per round | CPU µs/call on | off | off / on (CPU) | per round |")
+        print("|---|---:|---|---:|---:|---:|---|")
+        for base, on in pairs:
+            off = base + ": pools off"
+            ratios = [x["calls_per_s"] / y["calls_per_s"] for x, y in zip(runs[on], runs[off])]
+            cpu = [y["cpu_us_per_call"] / x["cpu_us_per_call"] for x, y in zip(runs[on], runs[off])]
+            print(f"| {base} | {statistics.median(ratios):.3f} | {', '.join(f'{r:.2f}' for r in ratios)} | "
+                  f"{med(on, 'cpu_us_per_call'):.2f} | {med(off, 'cpu_us_per_call'):.2f} | {statistics.median(cpu):.3f} | "
+                  f"{', '.join(f'{r:.2f}' for r in cpu)} |")
 
 if __name__ == "__main__":
     main()

@@ -70,10 +70,22 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Volley's memory pools (`on`, the default) or the allocation behaviour from before them
+    /// (`off`: a system allocation per completion, receive and send buffers released to the
+    /// system when idle, boxed handler futures per turn). Same as `VOLLEY_POOLS=0`.
+    #[arg(long, value_enum, default_value_t = Pools::On)]
+    pools: Pools,
     /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
     raw: bool,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Pools {
+    On,
+    Off,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -154,6 +166,15 @@ struct Report {
     /// Messages the client sent to and received from the controller in the measured window
     /// (in relayed mode every call's request and reply).
     registry_messages: u64,
+    /// Whether Volley's memory pools were on.
+    pools: bool,
+    /// The binary's global allocator (`system`, `mimalloc`, `jemalloc`).
+    global_allocator: &'static str,
+    /// CPU time (user + system) of the whole process — client and, when in-process, server —
+    /// in the measured window. On a shared machine this is steadier than calls/s: time the
+    /// process spends waiting for a core does not count.
+    cpu_seconds: f64,
+    cpu_us_per_call: f64,
 }
 
 /// Checks `--mode` and the flags that go with it; returns the registry mode and the call
@@ -279,6 +300,7 @@ impl Caller {
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    volley::pool::set_enabled(args.pools == Pools::On && volley::pool::enabled());
     if args.raw && (args.connect.is_some() || args.transport != Transport::Tcp) {
         return Err("--raw runs its own bare tcp echo: use it with --transport tcp, without --connect".into());
     }
@@ -522,11 +544,13 @@ async fn measure(
     let counters = || caller.as_ref().map(|c| c.counters()).unwrap_or_default();
     let registry = || caller.as_ref().map(|c| c.registry()).unwrap_or_default();
     let (before, registry_before) = (counters(), registry());
+    let cpu_before = process_cpu_seconds();
     let start = Instant::now();
     phase.store(MEASURE, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
     phase.store(STOP, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
+    let cpu_seconds = process_cpu_seconds() - cpu_before;
     let (after, registry_after) = (counters(), registry());
     let mut hist = new_histogram();
     let (mut calls, mut items, mut errors, mut first_error) = (0, 0, 0, None);
@@ -569,7 +593,22 @@ async fn measure(
         service: (registry_mode != RegistryMode::None).then(|| args.service.clone()),
         lookups: registry_after.0,
         registry_messages: registry_after.1 - registry_before.1,
+        pools: volley::pool::enabled(),
+        global_allocator: crate::GLOBAL_ALLOCATOR,
+        cpu_seconds,
+        cpu_us_per_call: if calls == 0 { 0.0 } else { cpu_seconds * 1e6 / calls as f64 },
     })
+}
+
+/// User + system CPU seconds of this process so far.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct we pass; zeroed is a valid `rusage`.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
 }
 
 fn new_histogram() -> Histogram<u64> {

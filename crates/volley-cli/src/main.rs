@@ -4,7 +4,27 @@ mod bench;
 mod codec_bench;
 mod controller;
 mod echo;
+mod idle_bench;
 mod large_bench;
+mod pools_bench;
+
+// `--features mimalloc` or `--features jemalloc` picks the process's global allocator (both:
+// jemalloc). The default is the system allocator: see docs/BENCHMARKS.md, "Global allocator".
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// The global allocator this binary was built with.
+pub const GLOBAL_ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
+    "jemalloc"
+} else if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "system"
+};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -82,6 +102,12 @@ enum BenchWhat {
     /// Large-payload echo over TCP: the server's (de)serialization on the connection's task
     /// against on the codec pool, side by side (1 MiB, bitcode and JSON).
     Large(large_bench::LargeArgs),
+    /// Memory pools against the system allocator, mimalloc and jemalloc: seeds/002's
+    /// experiments (fixed-size churn, hash-table churn with 1 and N threads, a map from a custom
+    /// allocator, variable sizes with 4 threads, 4-byte arena allocations).
+    Pools(pools_bench::PoolsArgs),
+    /// The server's resident memory with N idle TCP connections (clients in a child process).
+    Idle(idle_bench::IdleArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -99,6 +125,8 @@ fn main() -> std::process::ExitCode {
         Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Large(args)), .. }) => large_bench::run(args),
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Pools(args)), .. }) => pools_bench::run(args),
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Idle(args)), .. }) => idle_bench::run(args),
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
     };
     match result {

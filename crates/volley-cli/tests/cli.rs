@@ -40,6 +40,9 @@ fn bench_json_has_the_documented_keys_on_every_transport() {
             "errors",
             "frames_sent",
             "messages_sent",
+            "pools",
+            "global_allocator",
+            "cpu_us_per_call",
         ] {
             assert!(v.get(key).is_some(), "{transport}: missing {key} in {v}");
         }
@@ -386,4 +389,37 @@ fn bench_modes_embedded_registry_and_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expect), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn bench_pools_json_rows_cover_every_allocator() {
+    let out =
+        volley().args(["bench", "pools", "--json", "--rounds", "1", "--case", "arena"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    let allocators: Vec<&str> = rows.iter().map(|r| r["allocator"].as_str().unwrap()).collect();
+    assert_eq!(allocators, ["system", "mimalloc", "jemalloc", "volley arena (bumpalo)"]);
+    for r in &rows {
+        assert_eq!(r["case"], "arena-4-bytes");
+        assert_eq!(r["threads"], 1);
+        assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["speedup_vs_system"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
+
+#[test]
+fn bench_idle_reports_the_servers_resident_memory() {
+    let out = volley()
+        .args(["bench", "idle", "--connections", "200", "--settle", "0.2", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["connections"], 200);
+    let rss = v["rss_bytes"].as_u64().unwrap();
+    assert!(rss > 1 << 20 && rss < 100 << 20, "rss {rss}");
+    assert!(v["rss_before_bytes"].as_u64().unwrap() > 0);
 }

@@ -32,6 +32,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod method;
+pub mod pool;
 pub mod proto;
 pub mod registry;
 pub mod server;

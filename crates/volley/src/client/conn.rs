@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use std::sync::atomic::AtomicUsize;
 
-use tokio::sync::{Notify, Semaphore, SemaphorePermit, oneshot};
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 
-use super::pending::{Outcome, Pending, Reply};
+use super::pending::{Pending, Reply, waiter};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::method::Method;
@@ -310,7 +310,7 @@ impl StreamConn {
                 tracing::debug!(peer = %self.peer, %reason);
             }
             for (waiter, outcome) in done.drain(..) {
-                let _ = waiter.send(outcome);
+                waiter.send(outcome);
             }
             if !pings.is_empty() {
                 let _ = self.outbox.push(|fb| pings.iter().for_each(|&t| fb.pong(t)));
@@ -390,7 +390,7 @@ impl StreamConn {
         push: impl FnOnce(&mut FrameBuilder, u64) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
         let _permit = self.flow.admit(items).await?;
-        let (tx, rx) = oneshot::channel::<Outcome>();
+        let (tx, rx) = waiter();
         let deadline = coarsetime::Instant::now() + coarsetime::Duration::from(timeout);
         let id = self.pending.insert(id, tx, deadline, timeout, next_id)?;
         if deadline.as_ticks() < self.sweeper.target.load(Ordering::SeqCst) {

@@ -5,15 +5,16 @@
 //! deadline passed; a connection that fails completes every waiter with the same error. Each
 //! path removes the waiter from the table before completing it, so a request ends exactly once.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
 use coarsetime::Instant;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use tokio::sync::oneshot;
 
 use crate::error::Error;
+use crate::pool::object::{Completer, Completion, ObjectPool, Slot, SlotPool, slot_pool};
 use crate::proto::BatchItems;
 
 /// A reply as the reader hands it to the waiter, still encoded: the caller decodes it, off
@@ -28,7 +29,27 @@ pub(crate) enum Reply {
 
 /// What a waiter receives: the reply, or the error that ended the call.
 pub(crate) type Outcome = Result<Reply, Error>;
-pub(crate) type Waiter = oneshot::Sender<Outcome>;
+pub(crate) type Waiter = Completer<Outcome, OutcomeSlots>;
+/// The caller's side of a waiter.
+pub(crate) type Waiting = Completion<Outcome, OutcomeSlots>;
+
+/// Completion slots come from an object pool (they used to be a tokio oneshot: an `Arc`
+/// allocated per call).
+pub(crate) struct OutcomeSlots;
+
+static SLOTS: LazyLock<ObjectPool<Slot<Outcome>>> = LazyLock::new(slot_pool);
+
+impl SlotPool<Outcome> for OutcomeSlots {
+    #[inline]
+    fn pool() -> &'static ObjectPool<Slot<Outcome>> {
+        &SLOTS
+    }
+}
+
+/// A waiter and its caller's side, from the pool.
+pub(crate) fn waiter() -> (Waiter, Waiting) {
+    crate::pool::object::completion()
+}
 
 struct Entry {
     waiter: Waiter,
@@ -104,7 +125,7 @@ impl Pending {
         };
         for (id, e) in due {
             expired.push(id);
-            let _ = e.waiter.send(Err(Error::Timeout(e.timeout)));
+            e.waiter.send(Err(Error::Timeout(e.timeout)));
         }
         earliest
     }
@@ -119,7 +140,7 @@ impl Pending {
             std::mem::take(&mut st.entries)
         };
         for (_, e) in entries {
-            let _ = e.waiter.send(Err(err.clone()));
+            e.waiter.send(Err(err.clone()));
         }
     }
 

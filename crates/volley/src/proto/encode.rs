@@ -11,6 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::Limits;
 use super::message::{Code, Kind, MAX_NAME_LEN};
+use crate::pool::{self, buffer::PoolBuf};
 
 /// Payloads at least this large are sent as their own segment instead of being copied into the
 /// send buffer. Below it a copy is cheaper than an extra iovec and refcount.
@@ -19,6 +20,11 @@ pub const ZERO_COPY_MIN: usize = 16 * 1024;
 /// Frames are closed once their body passes this size, even below the hard limit, so the peer
 /// can start decoding the first part of a big bundle while the rest is still in flight.
 pub const SOFT_FRAME_LEN: usize = 256 * 1024;
+
+/// With the pools on, the send buffer comes from the buffer pool in this size, and is swapped
+/// for a fresh one from the pool when less than [`SEND_LOW`] is left.
+const SEND_CHUNK: usize = 64 * 1024;
+const SEND_LOW: usize = 4 * 1024;
 
 /// Why a message could not be appended. Nothing was appended in either case.
 #[derive(Debug)]
@@ -35,8 +41,9 @@ pub enum BuildError<E> {
 #[derive(Debug)]
 pub struct FrameBuilder {
     limits: Limits,
-    /// Bytes not yet handed to the writer, starting at a frame boundary.
-    buf: BytesMut,
+    /// Bytes not yet handed to the writer, starting at a frame boundary. With the pools on,
+    /// from the buffer pool (see [`FrameBuilder::release_buffer`]).
+    buf: PoolBuf,
     /// Finished segments queued before `buf` (present only when a zero-copy payload was queued).
     segments: Vec<Bytes>,
     /// Offset in `buf` of the open frame's length prefix.
@@ -51,7 +58,7 @@ impl FrameBuilder {
     pub fn new(limits: Limits) -> Self {
         FrameBuilder {
             limits,
-            buf: BytesMut::new(),
+            buf: PoolBuf::default(),
             segments: Vec::new(),
             open: None,
             open_count: 0,
@@ -255,8 +262,30 @@ impl FrameBuilder {
     /// messages), so an idle connection does not pin it.
     pub fn shrink_to(&mut self, keep: usize) {
         if self.is_empty() && self.buf.capacity() > keep {
-            self.buf = BytesMut::new();
+            self.buf = PoolBuf::default();
         }
+    }
+
+    /// Gives the send buffer back to the buffer pool if nothing is queued (pools on), so an idle
+    /// connection holds no send buffer; the next message takes one again.
+    pub fn release_buffer(&mut self) {
+        if self.is_empty() && self.buf.capacity() > 0 {
+            pool::buffer::put(std::mem::take(&mut self.buf));
+        }
+    }
+
+    /// With the pools on, a send buffer with little room left is swapped for one from the pool
+    /// (what is queued is copied over; usually a few messages, as the writer takes everything
+    /// each time it runs) and given back — the writer may still be writing from it, and the
+    /// pool reuses it once that is done. `reserve` would allocate from the system instead.
+    #[inline]
+    fn ensure_room(&mut self) {
+        if self.buf.capacity() - self.buf.len() >= SEND_LOW || !pool::enabled() {
+            return;
+        }
+        let mut fresh = pool::buffer::get((self.buf.len() + SEND_LOW).max(SEND_CHUNK));
+        fresh.extend_from_slice(&self.buf);
+        pool::buffer::put(std::mem::replace(&mut self.buf, fresh));
     }
 
     /// Room for the text of an error or go-away whose fixed part is `header` bytes: at most
@@ -283,6 +312,7 @@ impl FrameBuilder {
         header: impl FnOnce(&mut BytesMut),
         payload: Payload<F>,
     ) -> Result<(), BuildError<E>> {
+        self.ensure_room();
         if self.open.is_none() {
             self.open_frame();
         }

@@ -13,9 +13,10 @@ use std::sync::atomic::Ordering;
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
-use super::handler::ReplyWriter;
+use super::handler::{ReplyWriter, TurnBox};
 use super::offload::offloaded;
 use crate::error::Status;
+use crate::pool::{self, arena, arena::Bump};
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Message, ProtocolError};
 use crate::transport::outbox::Outbox;
@@ -200,11 +201,28 @@ struct Dispatch {
     /// The group's service and method, and whether its payloads are large enough to be
     /// decoded and encoded on the codec pool (large and small requests are grouped apart).
     key: Option<(Bytes, Bytes, bool)>,
-    ready: Vec<Box<dyn ReplyWriter>>,
     errors: Vec<(u64, Status)>,
     pongs: Vec<u64>,
     /// The peer's address, the [`current_peer`](super::current_peer) of its handlers.
     peer: Option<Arc<str>>,
+}
+
+/// A handler's finished replies, waiting for the end of the turn.
+enum Ready<'a> {
+    /// A synchronous handler's, in the turn's arena.
+    Turn(TurnBox<'a>),
+    /// An async handler's (or any handler's with the pools off).
+    Boxed(Box<dyn ReplyWriter>),
+}
+
+/// One turn: the connection's context, and the arena its scratch lives in until the replies
+/// are written (the per-batch arena of `pool::arena`, released in one step after the turn).
+struct Turn<'a, 'c> {
+    arena: &'a Bump,
+    ready: bumpalo::collections::Vec<'a, Ready<'a>>,
+    shared: &'c Arc<Shared>,
+    outbox: &'c Arc<Outbox>,
+    inflight: &'c TaskTracker,
 }
 
 impl Dispatch {
@@ -215,17 +233,27 @@ impl Dispatch {
         inflight: &TaskTracker,
         batch: &mut Vec<Message>,
     ) -> Result<(), ProtocolError> {
+        arena::with_turn(|arena| {
+            let mut t =
+                Turn { arena, ready: bumpalo::collections::Vec::new_in(arena), shared, outbox, inflight };
+            let violation = self.dispatch(&mut t, batch);
+            self.push_replies(&mut t);
+            violation.map_or(Ok(()), Err)
+        })
+    }
+
+    fn dispatch<'a>(&mut self, t: &mut Turn<'a, '_>, batch: &mut Vec<Message>) -> Option<ProtocolError> {
         let mut violation = None;
         for msg in batch.drain(..) {
             match msg {
                 Message::Request { id, service, method, payload, .. } => {
-                    let large = payload.len() >= shared.config.offload_min_bytes;
+                    let large = payload.len() >= t.shared.config.offload_min_bytes;
                     let same = self
                         .key
                         .as_ref()
                         .is_some_and(|(s, m, l)| *s == service && *m == method && *l == large);
-                    if !same || self.group.len() >= shared.config.max_batch {
-                        self.flush(shared, outbox, inflight);
+                    if !same || self.group.len() >= t.shared.config.max_batch {
+                        self.flush(t);
                         self.key = Some((service, method, large));
                     }
                     self.group.push((id, payload));
@@ -239,7 +267,7 @@ impl Dispatch {
                     tracing::debug!(%code, message = as_str(&message), "client is going away");
                 }
                 Message::BatchRequest { id, service, method, items, .. } => {
-                    self.chunk(shared, outbox, inflight, id, &service, &method, items);
+                    self.chunk(t, id, &service, &method, items);
                     self.key = None;
                 }
                 Message::Reply { .. } | Message::Error { .. } | Message::BatchReply { .. } => {
@@ -250,20 +278,22 @@ impl Dispatch {
             }
         }
         batch.clear();
-        self.flush(shared, outbox, inflight);
-        self.push_replies(outbox);
-        violation.map_or(Ok(()), Err)
+        self.flush(t);
+        violation
     }
 
     /// Queues this turn's finished replies, errors and pongs as one bundle.
-    fn push_replies(&mut self, outbox: &Outbox) {
-        if self.ready.is_empty() && self.errors.is_empty() && self.pongs.is_empty() {
+    fn push_replies(&mut self, t: &mut Turn<'_, '_>) {
+        if t.ready.is_empty() && self.errors.is_empty() && self.pongs.is_empty() {
             return;
         }
-        let (ready, errors, pongs) = (&mut self.ready, &mut self.errors, &mut self.pongs);
-        let _ = outbox.push(|fb| {
-            for w in ready.drain(..) {
-                w.write(fb);
+        let (ready, errors, pongs) = (&mut t.ready, &mut self.errors, &mut self.pongs);
+        let _ = t.outbox.push(|fb| {
+            for r in ready.drain(..) {
+                match r {
+                    Ready::Turn(mut w) => w.write(fb),
+                    Ready::Boxed(w) => w.write(fb),
+                }
             }
             for (id, status) in errors.drain(..) {
                 fb.error(id, status.code, &status.message);
@@ -273,18 +303,18 @@ impl Dispatch {
             }
         });
         // If the outbox was closed the connection is going away; drop what is left.
-        self.ready.clear();
+        t.ready.clear();
         self.errors.clear();
         self.pongs.clear();
     }
 
     /// Hands the current group to its handler.
-    fn flush(&mut self, shared: &Arc<Shared>, outbox: &Arc<Outbox>, inflight: &TaskTracker) {
+    fn flush<'a>(&mut self, t: &mut Turn<'a, '_>) {
         if self.group.is_empty() {
             return;
         }
-        let (service, method, large) = self.key.as_ref().expect("a group has a key");
-        let route = match shared.router.lookup(as_str(service), as_str(method)) {
+        let (service, method, large) = self.key.clone().expect("a group has a key");
+        let route = match t.shared.router.lookup(as_str(&service), as_str(&method)) {
             Ok(route) => route.clone(),
             Err(status) => {
                 self.errors.extend(self.group.drain(..).map(|(id, _)| (id, status.clone())));
@@ -292,78 +322,71 @@ impl Dispatch {
             }
         };
         // Admit as many as there is room for; the rest are refused at once.
-        let room = shared.room();
+        let room = t.shared.room();
         if room < self.group.len() {
-            let status = shared.overloaded();
+            let status = t.shared.overloaded();
             self.errors.extend(self.group.drain(room..).map(|(id, _)| (id, status.clone())));
             if self.group.is_empty() {
                 return;
             }
         }
+        // A synchronous handler runs right here, its scratch in the turn's arena (large
+        // payloads go to the codec pool below instead).
+        if !large
+            && pool::enabled()
+            && let Some(replies) =
+                super::with_peer(self.peer.as_ref(), || route.erased.call_sync(&mut self.group, t.arena))
+        {
+            t.ready.push(Ready::Turn(replies));
+            return;
+        }
         let n = self.group.len();
         let items = std::mem::replace(&mut self.group, Vec::with_capacity(16));
-        let fut = if *large {
+        let fut = if large {
             let ids = items.iter().map(|(id, _)| *id).collect();
             offloaded(route.erased.clone(), ids, move |h| h.call(items))
         } else {
             route.erased.call(items)
         };
-        self.start(fut, n, shared, outbox, inflight);
+        self.start(t, fut, n);
     }
 
     /// Hands the items of batch request `id` to its handler (after the group before it, so
     /// replies keep arrival order within a turn).
-    #[allow(clippy::too_many_arguments)]
-    fn chunk(
-        &mut self,
-        shared: &Arc<Shared>,
-        outbox: &Arc<Outbox>,
-        inflight: &TaskTracker,
-        id: u64,
-        service: &Bytes,
-        method: &Bytes,
-        items: BatchItems,
-    ) {
-        self.flush(shared, outbox, inflight);
-        let route = match shared.router.lookup(as_str(service), as_str(method)) {
+    fn chunk(&mut self, t: &mut Turn<'_, '_>, id: u64, service: &Bytes, method: &Bytes, items: BatchItems) {
+        self.flush(t);
+        let route = match t.shared.router.lookup(as_str(service), as_str(method)) {
             Ok(route) => route.clone(),
             Err(status) => return self.errors.push((id, status)),
         };
         let n = items.len().max(1);
-        if shared.room() < n {
-            return self.errors.push((id, shared.overloaded()));
+        if t.shared.room() < n {
+            return self.errors.push((id, t.shared.overloaded()));
         }
-        let max_batch = shared.config.max_batch;
-        let fut = if items.body_len() >= shared.config.offload_min_bytes {
+        let max_batch = t.shared.config.max_batch;
+        let fut = if items.body_len() >= t.shared.config.offload_min_bytes {
             offloaded(route.erased.clone(), vec![id], move |h| h.call_chunk(id, items, max_batch))
         } else {
             route.erased.call_chunk(id, items, max_batch)
         };
-        self.start(fut, n, shared, outbox, inflight);
+        self.start(t, fut, n);
     }
 
     /// Runs a handler's future: one that finishes on its first poll has its replies written
     /// with this turn's bundle; a slower one continues as its own task, and its `n` requests
     /// count as queued work until its replies are queued.
-    fn start(
-        &mut self,
-        mut fut: BoxFuture<'static, Box<dyn ReplyWriter>>,
-        n: usize,
-        shared: &Arc<Shared>,
-        outbox: &Arc<Outbox>,
-        inflight: &TaskTracker,
-    ) {
+    fn start(&mut self, t: &mut Turn<'_, '_>, mut fut: BoxFuture<'static, Box<dyn ReplyWriter>>, n: usize) {
         // The noop waker is safe: a pending future is spawned, and its task polls it again
         // with a real waker.
         let first = super::with_peer(self.peer.as_ref(), || {
             fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
         });
         match first {
-            Poll::Ready(w) => self.ready.push(w),
+            Poll::Ready(w) => t.ready.push(Ready::Boxed(w)),
             Poll::Pending => {
-                shared.queued.fetch_add(n, Ordering::Relaxed);
-                let (shared, outbox) = (shared.clone(), outbox.clone());
-                inflight.spawn(async move {
+                t.shared.queued.fetch_add(n, Ordering::Relaxed);
+                let (shared, outbox) = (t.shared.clone(), t.outbox.clone());
+                t.inflight.spawn(async move {
                     tokio::select! {
                         w = fut => {
                             let _ = outbox.push(|fb| w.write(fb));

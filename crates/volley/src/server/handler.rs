@@ -214,6 +214,11 @@ pub(crate) trait ErasedHandler: Send + Sync {
     /// that do not decode are answered with [`Code::BadRequest`] without reaching the handler.
     fn call(&self, reqs: Vec<(u64, Bytes)>) -> BoxFuture<'static, Box<dyn ReplyWriter>>;
 
+    /// For synchronous handlers (`handle_fn`): decodes the payloads (draining `reqs`), runs the
+    /// handler on each at once and keeps the results in `arena` — no future, no box, no vector
+    /// from the heap. `None` (and `reqs` untouched) for async handlers.
+    fn call_sync<'a>(&self, reqs: &mut Vec<(u64, Bytes)>, arena: &'a bumpalo::Bump) -> Option<TurnBox<'a>>;
+
     /// The same for the items of one batch request `id`; the writer produces one batch reply.
     fn call_chunk(
         &self,
@@ -244,6 +249,31 @@ fn encode_payload<Resp: Wire>(resp: &Resp) -> Result<Bytes, Status> {
         Err(e) => Err(Status::new(Code::Internal, format!("reply could not be encoded: {e}"))),
     }
 }
+
+/// Replies of a synchronous handler kept in the turn's arena until they are written.
+pub(crate) trait TurnReplies {
+    /// Writes (and drops) the replies; a second call writes nothing.
+    fn write(&mut self, fb: &mut FrameBuilder);
+}
+
+/// A synchronous handler's results for one turn, in the arena: (request id, result).
+struct ArenaReplies<'a, Resp> {
+    items: bumpalo::collections::Vec<'a, (u64, Result<Resp, Status>)>,
+}
+
+impl<Resp: Wire> TurnReplies for ArenaReplies<'_, Resp> {
+    fn write(&mut self, fb: &mut FrameBuilder) {
+        for (id, result) in self.items.drain(..) {
+            match result {
+                Ok(resp) => write_reply(fb, id, &resp),
+                Err(status) => fb.error(id, status.code, &status.message),
+            }
+        }
+    }
+}
+
+/// The arena-allocated, type-erased replies of one synchronous handler call.
+pub(crate) type TurnBox<'a> = bumpalo::boxed::Box<'a, dyn TurnReplies + 'a>;
 
 struct TypedReplies<Resp> {
     ids: Vec<u64>,
@@ -426,6 +456,23 @@ fn report_chunk_error<E>(fb: &mut FrameBuilder, id: u64, written: Result<(), Bui
 }
 
 impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
+    fn call_sync<'a>(&self, reqs: &mut Vec<(u64, Bytes)>, arena: &'a bumpalo::Bump) -> Option<TurnBox<'a>> {
+        let f = self.sync_item.as_ref()?;
+        let mut items = bumpalo::collections::Vec::with_capacity_in(reqs.len(), arena);
+        for (id, payload) in reqs.drain(..) {
+            let result = match Req::decode(payload) {
+                Ok(req) => f(req),
+                Err(e) => Err(Status::new(Code::BadRequest, format!("request could not be decoded: {e}"))),
+            };
+            items.push((id, result));
+        }
+        let replies: &'a mut ArenaReplies<'a, Resp> = arena.alloc(ArenaReplies { items });
+        let replies: *mut (dyn TurnReplies + 'a) = replies;
+        // SAFETY: the value was just allocated in `arena` and nothing else refers to it; the
+        // box drops it in place when it goes (the arena never frees it separately).
+        Some(unsafe { bumpalo::boxed::Box::from_raw(replies) })
+    }
+
     fn call_chunk(
         &self,
         id: u64,

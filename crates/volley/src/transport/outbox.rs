@@ -112,7 +112,12 @@ impl Outbox {
         if !st.builder.is_empty() || st.closed {
             return Poll::Ready(());
         }
-        st.builder.shrink_to(IDLE_KEEP);
+        if crate::pool::enabled() {
+            // Idle: the send buffer goes back to the pool.
+            st.builder.release_buffer();
+        } else {
+            st.builder.shrink_to(IDLE_KEEP);
+        }
         st.writer = Some(cx.waker().clone());
         Poll::Pending
     }

@@ -3,15 +3,18 @@
 
 use std::io;
 
-use bytes::BytesMut;
-
 use super::stream::ReadHalf;
+use crate::pool::{self, buffer::PoolBuf};
 use crate::proto::{Decoder, Limits, Message, ProtocolError, decode_frame};
 use crate::stats::Counters;
 
 /// How much room to offer each read. Large enough that a busy connection drains its socket in
-/// a few reads; released whenever the connection goes idle with nothing buffered.
+/// a few reads; released (to the buffer pool) whenever the connection goes idle with nothing
+/// buffered.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// With the pools on, a read goes into the current buffer while it has this much room left.
+const MIN_ROOM: usize = 8 * 1024;
 
 /// Why reading stopped.
 #[derive(Debug)]
@@ -40,7 +43,8 @@ impl std::fmt::Display for ReadError {
 /// Reads frames from one connection.
 pub struct FrameReader<R> {
     rd: R,
-    buf: BytesMut,
+    /// The receive buffer: taken from the buffer pool when bytes arrive, given back when idle.
+    buf: PoolBuf,
     decoder: Decoder,
     limits: Limits,
     /// A protocol error met after some messages of the same read were decoded: those are
@@ -55,7 +59,7 @@ impl<R: ReadHalf> FrameReader<R> {
     pub fn new(rd: R, limits: Limits) -> Self {
         FrameReader {
             rd,
-            buf: BytesMut::new(),
+            buf: PoolBuf::default(),
             decoder: Decoder::new(limits),
             limits,
             failed: None,
@@ -130,14 +134,18 @@ impl<R: ReadHalf> FrameReader<R> {
                 // Idle: hold no buffer until the socket has bytes for us.
                 self.rd.readable().await.map_err(ReadError::Io)?;
             }
-            let want = self.decoder.missing(&self.buf).max(READ_CHUNK);
-            self.buf.reserve(want);
-            match self.rd.try_read_buf(&mut self.buf) {
+            let missing = self.decoder.missing(&self.buf);
+            if pool::enabled() {
+                self.make_room(missing);
+            } else {
+                self.buf.reserve(missing.max(READ_CHUNK));
+            }
+            match self.rd.try_read_buf(self.buf.as_bytes_mut()) {
                 Ok(0) => return Ok(false),
                 Ok(_) => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.buf.is_empty() {
-                        self.buf = BytesMut::new();
+                        pool::buffer::put(std::mem::take(&mut self.buf));
                     } else if let Some(t) = self.read_timeout {
                         // Part of a frame is here: the rest must follow within the timeout.
                         match tokio::time::timeout(t, self.rd.readable()).await {
@@ -154,6 +162,20 @@ impl<R: ReadHalf> FrameReader<R> {
         }
     }
 
+    /// Makes room for the `missing` bytes of a partial frame, and at least [`MIN_ROOM`]. A
+    /// buffer without that room is swapped for one from the buffer pool (a partial frame is
+    /// copied over) and given back: it may still be shared with frames handed up, and the pool
+    /// reuses it once they are gone — where `reserve` would allocate a new one from the system
+    /// whenever it is shared.
+    fn make_room(&mut self, missing: usize) {
+        if self.buf.capacity() - self.buf.len() >= missing.max(MIN_ROOM) {
+            return;
+        }
+        let mut fresh = pool::buffer::get(self.buf.len() + missing.max(READ_CHUNK));
+        fresh.extend_from_slice(&self.buf);
+        pool::buffer::put(std::mem::replace(&mut self.buf, fresh));
+    }
+
     /// Reads and discards whatever the peer still sends, until it closes, `limit` passes or
     /// 1 MiB was discarded. Used after sending a go-away: closing a TCP socket with unread
     /// bytes makes the kernel send a reset, which can destroy the go-away before the peer
@@ -164,7 +186,7 @@ impl<R: ReadHalf> FrameReader<R> {
             while discarded < 1 << 20 {
                 self.buf.clear();
                 self.buf.reserve(READ_CHUNK);
-                match self.rd.try_read_buf(&mut self.buf) {
+                match self.rd.try_read_buf(self.buf.as_bytes_mut()) {
                     Ok(0) => return,
                     Ok(n) => discarded += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -178,6 +200,6 @@ impl<R: ReadHalf> FrameReader<R> {
             }
         })
         .await;
-        self.buf = BytesMut::new();
+        self.buf = PoolBuf::default();
     }
 }
