@@ -7,9 +7,10 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 /// `volley controller --listen ADDR`: a standalone registry until Ctrl-C.
-pub fn serve(listen: &str) -> Result<(), String> {
+pub fn serve(listen: &str, registration_credential: Option<String>) -> Result<(), String> {
     runtime()?.block_on(async {
-        let controller = Controller::new(ControllerConfig::default());
+        let controller =
+            Controller::new(ControllerConfig { registration_credential, ..ControllerConfig::default() });
         let bound = controller.listen(listen).await.map_err(|e| e.to_string())?;
         eprintln!("registry controller on {bound} (Ctrl-C to stop)");
         // Scripts read the bound address (with the real port for tcp://HOST:0) from stdout.

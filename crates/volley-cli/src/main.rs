@@ -18,7 +18,8 @@ struct Cli {
 enum Command {
     /// Serve the built-in echo service until interrupted (Ctrl-C shuts down gracefully).
     ServeEcho {
-        /// Address to listen on: unix:///PATH or tcp://HOST:PORT.
+        /// Address to listen on: unix:///PATH, tcp://HOST:PORT or tls://HOST:PORT (with
+        /// --tls-cert and --tls-key).
         #[arg(long, default_value = "tcp://127.0.0.1:7411")]
         listen: String,
         /// Register the service with the registry at this address (and renew the lease until
@@ -32,12 +33,18 @@ enum Command {
         /// example when listening on 0.0.0.0).
         #[arg(long)]
         advertise: Option<String>,
+        #[command(flatten)]
+        security: echo::Security,
     },
     /// Run a standalone registry controller until interrupted. Prints the bound address.
     Controller {
         /// Address to listen on: unix:///PATH or tcp://HOST:PORT.
         #[arg(long, default_value = "tcp://127.0.0.1:7400")]
         listen: String,
+        /// Refuse register, renew and deregister calls that do not carry this credential
+        /// (read from the environment variable VOLLEY_REGISTRATION_CREDENTIAL if set there).
+        #[arg(long, env = "VOLLEY_REGISTRATION_CREDENTIAL", hide_env_values = true)]
+        registration_credential: Option<String>,
     },
     /// List the services and instances a registry knows.
     Ls {
@@ -80,10 +87,12 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::ServeEcho { listen, registry, name, advertise } => {
-            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref())
+        Command::ServeEcho { listen, registry, name, advertise, security } => {
+            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref(), &security)
         }
-        Command::Controller { listen } => controller::serve(&listen),
+        Command::Controller { listen, registration_credential } => {
+            controller::serve(&listen, registration_credential)
+        }
         Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
