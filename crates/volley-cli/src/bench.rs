@@ -167,6 +167,9 @@ struct Report {
     rss_end_kb: u64,
     rss_max_kb: u64,
     rss_growth_pct: f64,
+    /// Resident memory every ~10 s of the measured window (KiB), to tell a leak (steady
+    /// growth) from an allocator settling (a step, then flat).
+    rss_samples_kb: Vec<u64>,
 }
 
 /// Checks `--mode` and the flags that go with it; returns the registry mode and the call
@@ -581,10 +584,17 @@ async fn measure(
     phase.store(MEASURE, Ordering::Relaxed);
     let rss_start = rss_kb();
     let mut rss_max = rss_start;
+    let mut rss_samples = vec![rss_start];
     let end = start + Duration::from_secs_f64(args.duration);
+    let mut tick = 0u64;
     while Instant::now() < end {
         tokio::time::sleep((end - Instant::now()).min(Duration::from_secs(1))).await;
-        rss_max = rss_max.max(rss_kb());
+        let rss = rss_kb();
+        rss_max = rss_max.max(rss);
+        tick += 1;
+        if tick.is_multiple_of(10) {
+            rss_samples.push(rss);
+        }
     }
     let rss_end = rss_kb();
     phase.store(STOP, Ordering::Relaxed);
@@ -634,6 +644,7 @@ async fn measure(
         rss_start_kb: rss_start,
         rss_end_kb: rss_end,
         rss_max_kb: rss_max.max(rss_end),
+        rss_samples_kb: rss_samples,
         rss_growth_pct: if rss_start == 0 { 0.0 } else { (rss_end as f64 / rss_start as f64 - 1.0) * 100.0 },
     })
 }
