@@ -94,6 +94,8 @@ enum Transport {
     Inproc,
     Unix,
     Tcp,
+    /// tcp with TLS: a certificate generated for the run (rcgen), verified by the client.
+    Tls,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +103,9 @@ enum BenchMode {
     Single,
     Batch,
     Both,
+    /// A steady mix on every caller: three single calls, then one `call_batch`, over and over
+    /// (the soak test's load; resident memory is sampled every second).
+    Mix,
     Direct,
     Relayed,
 }
@@ -111,6 +116,7 @@ enum BenchMode {
 enum Style {
     Single,
     Batch,
+    Mix,
 }
 
 /// How the client finds the server.
@@ -175,6 +181,16 @@ struct Report {
     /// process spends waiting for a core does not count.
     cpu_seconds: f64,
     cpu_us_per_call: f64,
+    /// Resident memory of the process (server and client) when measuring started (after the
+    /// warm-up), at its end, and the most seen, sampled every second; growth from start to
+    /// end in percent. For leaks: a steady load must not grow it.
+    rss_start_kb: u64,
+    rss_end_kb: u64,
+    rss_max_kb: u64,
+    rss_growth_pct: f64,
+    /// Resident memory every ~10 s of the measured window (KiB), to tell a leak (steady
+    /// growth) from an allocator settling (a step, then flat).
+    rss_samples_kb: Vec<u64>,
 }
 
 /// Checks `--mode` and the flags that go with it; returns the registry mode and the call
@@ -184,7 +200,9 @@ fn plan(args: &BenchArgs) -> Result<(RegistryMode, Vec<Style>), String> {
     let mut registry = None;
     for &m in &args.mode {
         let (slot, name) = match m {
-            BenchMode::Single | BenchMode::Batch | BenchMode::Both => (&mut style, "call style"),
+            BenchMode::Single | BenchMode::Batch | BenchMode::Both | BenchMode::Mix => {
+                (&mut style, "call style")
+            }
             BenchMode::Direct | BenchMode::Relayed => (&mut registry, "registry mode"),
         };
         if slot.replace(m).is_some_and(|prev| prev != m) {
@@ -194,6 +212,7 @@ fn plan(args: &BenchArgs) -> Result<(RegistryMode, Vec<Style>), String> {
     let styles = match style {
         Some(BenchMode::Batch) => vec![Style::Batch],
         Some(BenchMode::Both) => vec![Style::Single, Style::Batch],
+        Some(BenchMode::Mix) => vec![Style::Mix],
         _ => vec![Style::Single],
     };
     if args.raw && styles != [Style::Single] {
@@ -207,6 +226,9 @@ fn plan(args: &BenchArgs) -> Result<(RegistryMode, Vec<Style>), String> {
     };
     if mode != RegistryMode::None && (args.connect.is_some() || args.raw) {
         return Err("--mode direct|relayed and --registry do not go with --connect or --raw".into());
+    }
+    if mode != RegistryMode::None && args.transport == Transport::Tls {
+        return Err("--transport tls measures a server by address, without a registry".into());
     }
     Ok((mode, styles))
 }
@@ -228,7 +250,11 @@ struct Local {
 
 impl Local {
     async fn start(args: &BenchArgs, mode: RegistryMode) -> Result<(Target, Local), String> {
-        let server = server_named(&args.service);
+        let server = if args.transport == Transport::Tls {
+            crate::echo::server_named_with(&args.service, |b| b.tls(bench_tls().0.clone()))
+        } else {
+            server_named(&args.service)
+        };
         let bound =
             server.listen(&listen_address(args.transport, "echo")).await.map_err(|e| e.to_string())?;
         if mode == RegistryMode::None {
@@ -391,7 +417,32 @@ fn listen_address(t: Transport, role: &str) -> String {
             )
         }
         Transport::Tcp => "tcp://127.0.0.1:0".into(),
+        Transport::Tls => "tls://127.0.0.1:0".into(),
     }
+}
+
+/// The run's TLS settings: a self-signed certificate for 127.0.0.1 made at start-up, and a
+/// client that trusts exactly it (so the handshake verifies as in production).
+fn bench_tls() -> &'static (volley::transport::tls::TlsServer, volley::transport::tls::TlsClient) {
+    static TLS: std::sync::OnceLock<(volley::transport::tls::TlsServer, volley::transport::tls::TlsClient)> =
+        std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        use volley::transport::tls::{TlsClient, TlsServer};
+        let c = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+            .expect("generate a certificate");
+        let (cert, key) = (c.cert.pem(), c.key_pair.serialize_pem());
+        let server = TlsServer::from_pem(cert.as_bytes(), key.as_bytes(), None).expect("server TLS settings");
+        let client = TlsClient::from_pem(cert.as_bytes(), None).expect("client TLS settings");
+        (server, client)
+    })
+}
+
+/// Resident memory of this process in KiB (0 where /proc is not available).
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4)
 }
 
 fn current_thread() -> Result<tokio::runtime::Runtime, String> {
@@ -454,8 +505,15 @@ async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
     let (_, styles) = plan(&args)?;
     let (caller, transport, registry_mode) = match &target {
         Target::Plain(addr) => {
-            let client =
-                if args.raw { None } else { Some(Client::connect(addr).await.map_err(|e| e.to_string())?) };
+            let config = volley::ClientConfig {
+                tls: addr.starts_with("tls://").then(|| bench_tls().1.clone()),
+                ..Default::default()
+            };
+            let client = if args.raw {
+                None
+            } else {
+                Some(Client::connect_with(addr, config).await.map_err(|e| e.to_string())?)
+            };
             let transport = if args.raw { "raw-tcp".to_string() } else { scheme(addr) };
             (client.map(Caller::Plain), transport, RegistryMode::None)
         }
@@ -501,7 +559,7 @@ async fn measure(
     // A static payload: cloning it costs no reference counting, so the figures measure Volley
     // rather than the load generator (the server's replies are still real buffers).
     let payload = Bytes::from_static(Vec::leak(vec![0xA5u8; args.payload]));
-    let batch_size = if style == Style::Batch { args.batch_size.max(1) } else { 1 };
+    let batch_size = if style == Style::Single { 1 } else { args.batch_size.max(1) };
     let opts = BatchOptions::default().chunk_size(args.chunk_size);
     let phase = Arc::new(AtomicU8::new(WARMUP));
     let mut callers = Vec::new();
@@ -510,14 +568,14 @@ async fn measure(
         callers.push(match (&caller, target) {
             (Some(c), _) => {
                 let c = c.clone();
+                let mut turn = 0u64;
                 tokio::spawn(caller_loop(
                     move || {
                         let (c, p) = (c.clone(), payload.clone());
+                        turn += 1;
+                        let batch = style == Style::Batch || (style == Style::Mix && turn.is_multiple_of(4));
                         async move {
-                            match style {
-                                Style::Single => c.call(p).await,
-                                Style::Batch => c.call_batch(p, batch_size, opts).await,
-                            }
+                            if batch { c.call_batch(p, batch_size, opts).await } else { c.call(p).await }
                         }
                     },
                     phase,
@@ -547,7 +605,21 @@ async fn measure(
     let cpu_before = process_cpu_seconds();
     let start = Instant::now();
     phase.store(MEASURE, Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
+    let rss_start = rss_kb();
+    let mut rss_max = rss_start;
+    let mut rss_samples = vec![rss_start];
+    let end = start + Duration::from_secs_f64(args.duration);
+    let mut tick = 0u64;
+    while Instant::now() < end {
+        tokio::time::sleep((end - Instant::now()).min(Duration::from_secs(1))).await;
+        let rss = rss_kb();
+        rss_max = rss_max.max(rss);
+        tick += 1;
+        if tick.is_multiple_of(10) {
+            rss_samples.push(rss);
+        }
+    }
+    let rss_end = rss_kb();
     phase.store(STOP, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
     let cpu_seconds = process_cpu_seconds() - cpu_before;
@@ -597,6 +669,11 @@ async fn measure(
         global_allocator: crate::GLOBAL_ALLOCATOR,
         cpu_seconds,
         cpu_us_per_call: if calls == 0 { 0.0 } else { cpu_seconds * 1e6 / calls as f64 },
+        rss_start_kb: rss_start,
+        rss_end_kb: rss_end,
+        rss_max_kb: rss_max.max(rss_end),
+        rss_samples_kb: rss_samples,
+        rss_growth_pct: if rss_start == 0 { 0.0 } else { (rss_end as f64 / rss_start as f64 - 1.0) * 100.0 },
     })
 }
 
@@ -650,15 +727,23 @@ where
 }
 
 fn print_report(r: &Report) {
-    let batch = if r.mode == Style::Batch { format!(" of {} requests", r.batch_size) } else { String::new() };
+    let batch = match r.mode {
+        Style::Batch => format!(" of {} requests", r.batch_size),
+        Style::Mix => format!(" (3 single, then a batch of {}, repeated)", r.batch_size),
+        Style::Single => String::new(),
+    };
     println!(
         "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}",
         r.transport, r.payload, r.concurrency, r.runtime, r.mode
     );
     println!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
-    if r.mode == Style::Batch {
-        println!("  {:.0} requests/s; latency below is per batch call", r.items_per_s);
+    if r.mode != Style::Single {
+        println!("  {:.0} requests/s; latency below is per call (a batch call counts once)", r.items_per_s);
     }
+    println!(
+        "  resident memory: {} KiB after warm-up, {} KiB at the end ({:+.1}%), {} KiB at most",
+        r.rss_start_kb, r.rss_end_kb, r.rss_growth_pct, r.rss_max_kb
+    );
     println!(
         "  latency us: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         r.p50_us, r.p95_us, r.p99_us, r.p999_us, r.max_us

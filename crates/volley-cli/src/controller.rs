@@ -8,11 +8,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 
 /// `volley controller --listen ADDR [--store memory|etcd://...]`: a standalone registry until
 /// Ctrl-C.
-pub fn serve(listen: &str, store: &str) -> Result<(), String> {
+pub fn serve(listen: &str, store: &str, registration_credential: Option<String>) -> Result<(), String> {
     runtime()?.block_on(async {
+        let config = ControllerConfig { registration_credential, ..ControllerConfig::default() };
         let controller = match store {
-            "memory" => Controller::new(ControllerConfig::default()),
-            s if s.starts_with("etcd://") => etcd_controller(s).await?,
+            "memory" => Controller::new(config),
+            s if s.starts_with("etcd://") => etcd_controller(s, config).await?,
             s => {
                 return Err(format!(
                     "--store {s:?}: expected memory or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"
@@ -32,15 +33,15 @@ pub fn serve(listen: &str, store: &str) -> Result<(), String> {
 
 /// A controller over etcd: several of them over one etcd act as one registry.
 #[cfg(feature = "etcd")]
-async fn etcd_controller(url: &str) -> Result<Controller, String> {
+async fn etcd_controller(url: &str, config: ControllerConfig) -> Result<Controller, String> {
     use std::sync::Arc;
     let config = volley_etcd::EtcdConfig::parse(url)?;
     let store = volley_etcd::EtcdStore::connect(config).await.map_err(|e| format!("--store {url}: {e}"))?;
-    Ok(Controller::with_store(Arc::new(store), ControllerConfig::default()))
+    Ok(Controller::with_store(Arc::new(store), config))
 }
 
 #[cfg(not(feature = "etcd"))]
-async fn etcd_controller(url: &str) -> Result<Controller, String> {
+async fn etcd_controller(url: &str, _: ControllerConfig) -> Result<Controller, String> {
     Err(format!(
         "--store {url}: this volley was built without etcd support; rebuild it with \
          `cargo build --release -p volley-cli --features etcd` (see docs/ETCD.md)"

@@ -2,7 +2,7 @@
 
 use volley::bytes::Bytes;
 use volley::registry::{InstanceSpec, LeaseConfig, Registry};
-use volley::{Method, Server};
+use volley::{Method, Server, ServerBuilder};
 
 /// `echo/echo`: returns its payload.
 pub const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
@@ -18,22 +18,67 @@ pub fn method_named(service: &str) -> Method<Bytes, Bytes> {
 
 /// An echo server whose service is called `service`.
 pub fn server_named(service: &str) -> Server {
+    server_named_with(service, |b| b)
+}
+
+/// An echo server whose service is called `service`, with settings added by `configure`
+/// (TLS, tokens).
+pub fn server_named_with(service: &str, configure: impl FnOnce(ServerBuilder) -> ServerBuilder) -> Server {
     let m = method_named(service);
     // Echo never waits: the synchronous form serves a batch in a plain loop.
-    Server::builder().handle_fn(&m, |b: Bytes| Ok(b)).build()
+    configure(Server::builder().handle_fn(&m, |b: Bytes| Ok(b))).build()
 }
 
 /// `volley serve-echo`: serves until Ctrl-C, then shuts down gracefully (deregistering first
 /// if it registered).
+/// Security settings of `volley serve-echo`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Security {
+    /// Require clients to present this token (environment: VOLLEY_TOKEN).
+    #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM certificate chain for tls:// listeners.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for tls:// listeners.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// PEM CA certificates: clients must present a certificate issued by one (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+    /// The registry's registration credential, presented when registering
+    /// (environment: VOLLEY_REGISTRATION_CREDENTIAL).
+    #[arg(long, env = "VOLLEY_REGISTRATION_CREDENTIAL", hide_env_values = true)]
+    pub registration_credential: Option<String>,
+}
+
 pub fn serve(
     listen: &str,
     registry: Option<&str>,
     name: &str,
     advertise: Option<&str>,
+    security: &Security,
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let tls = match (&security.tls_cert, &security.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            volley::transport::tls::TlsServer::from_pem_files(cert, key, security.tls_client_ca.as_deref())
+                .map_err(|e| e.to_string())?,
+        ),
+        _ => None,
+    };
+    let token = security.token.clone();
+    let credential = security.registration_credential.clone();
     rt.block_on(async {
-        let server = server_named(name);
+        let server = server_named_with(name, |mut b| {
+            if let Some(t) = token {
+                b = b.token(t);
+            }
+            if let Some(tls) = tls {
+                b = b.tls(tls);
+            }
+            b
+        });
         let bound = server.listen(listen).await.map_err(|e| e.to_string())?;
         eprintln!("serving {name} on {bound} (Ctrl-C to stop)");
         if let Some(registry_addr) = registry {
@@ -43,11 +88,15 @@ pub fn serve(
             }
             // A registry that is not up yet is waited for: the server serves meanwhile.
             let (server, name, registry_addr) = (server.clone(), name.to_string(), registry_addr.to_string());
+            let credential = credential.clone();
             tokio::spawn(async move {
                 let mut warned = false;
                 loop {
                     let registered = async {
                         let registry = Registry::connect(&registry_addr).await?;
+                        if let Some(c) = &credential {
+                            registry.set_registration_credential(c.clone());
+                        }
                         let spec = InstanceSpec::new(name.clone(), addr.clone());
                         registry.register(&server, vec![spec], LeaseConfig::default()).await
                     };

@@ -39,7 +39,8 @@ struct Cli {
 enum Command {
     /// Serve the built-in echo service until interrupted (Ctrl-C shuts down gracefully).
     ServeEcho {
-        /// Address to listen on: unix:///PATH or tcp://HOST:PORT.
+        /// Address to listen on: unix:///PATH, tcp://HOST:PORT or tls://HOST:PORT (with
+        /// --tls-cert and --tls-key).
         #[arg(long, default_value = "tcp://127.0.0.1:7411")]
         listen: String,
         /// Register the service with the registry at this address, or with the first that
@@ -54,6 +55,8 @@ enum Command {
         /// example when listening on 0.0.0.0).
         #[arg(long)]
         advertise: Option<String>,
+        #[command(flatten)]
+        security: echo::Security,
     },
     /// Run a standalone registry controller until interrupted. Prints the bound address.
     Controller {
@@ -65,6 +68,10 @@ enum Command {
         /// act as one registry (needs a build with `--features etcd`; see docs/ETCD.md).
         #[arg(long, default_value = "memory")]
         store: String,
+        /// Refuse register, renew and deregister calls that do not carry this credential
+        /// (read from the environment variable VOLLEY_REGISTRATION_CREDENTIAL if set there).
+        #[arg(long, env = "VOLLEY_REGISTRATION_CREDENTIAL", hide_env_values = true)]
+        registration_credential: Option<String>,
     },
     /// List the services and instances a registry knows.
     Ls {
@@ -118,10 +125,12 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::ServeEcho { listen, registry, name, advertise } => {
-            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref())
+        Command::ServeEcho { listen, registry, name, advertise, security } => {
+            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref(), &security)
         }
-        Command::Controller { listen, store } => controller::serve(&listen, &store),
+        Command::Controller { listen, store, registration_credential } => {
+            controller::serve(&listen, &store, registration_credential)
+        }
         Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Large(args)), .. }) => large_bench::run(args),

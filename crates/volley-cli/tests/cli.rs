@@ -43,6 +43,9 @@ fn bench_json_has_the_documented_keys_on_every_transport() {
             "pools",
             "global_allocator",
             "cpu_us_per_call",
+            "rss_start_kb",
+            "rss_end_kb",
+            "rss_growth_pct",
         ] {
             assert!(v.get(key).is_some(), "{transport}: missing {key} in {v}");
         }
@@ -422,4 +425,26 @@ fn bench_idle_reports_the_servers_resident_memory() {
     let rss = v["rss_bytes"].as_u64().unwrap();
     assert!(rss > 1 << 20 && rss < 100 << 20, "rss {rss}");
     assert!(v["rss_before_bytes"].as_u64().unwrap() > 0);
+}
+
+/// `--mode mix`: single calls and batch calls from every caller in one measurement, with the
+/// process's resident memory sampled (the soak test's load, on a tiny duration).
+#[test]
+fn bench_mode_mix_makes_single_and_batch_calls_and_reports_memory() {
+    let out = volley()
+        .args(["bench", "--mode", "mix", "--duration", "0.5", "--warmup", "0.1", "--concurrency", "8"])
+        .args(["--batch-size", "16", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], "mix");
+    assert_eq!(v["errors"], 0);
+    let (calls, items) = (v["calls"].as_u64().unwrap(), v["items"].as_u64().unwrap());
+    // One call in four is a batch of 16: items = 3/4 calls + 1/4 calls x 16, roughly.
+    assert!(items > calls * 2 && items < calls * 16, "calls {calls}, items {items}");
+    if std::path::Path::new("/proc/self/statm").exists() {
+        assert!(v["rss_start_kb"].as_u64().unwrap() > 0, "{v}");
+        assert!(v["rss_end_kb"].as_u64().unwrap() > 0, "{v}");
+    }
 }

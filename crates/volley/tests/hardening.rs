@@ -386,3 +386,20 @@ async fn handlers_see_the_peer_address() {
     assert_ne!(peer, addr.to_string(), "the client's address, not the server's");
     s.shutdown().await;
 }
+
+/// The bytes of docs/PROTOCOL.md §12.4, from the encoder.
+#[test]
+fn auth_exchange_bytes_match_the_protocol_document() {
+    let frame = |build: &dyn Fn(&mut volley::proto::FrameBuilder)| {
+        let mut fb = volley::proto::FrameBuilder::new(Limits::default());
+        build(&mut fb);
+        let mut segs = Vec::new();
+        fb.take_into(&mut segs);
+        segs.concat()
+    };
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" ");
+    assert_eq!(hex(&frame(&|fb| fb.auth(b"s3cret"))), "09 00 00 00 0a 06 00 73 33 63 72 65 74");
+    let refusal = frame(&|fb| fb.go_away(Code::Unauthenticated, "the token presented is not accepted"));
+    assert_eq!(refusal.len(), 46);
+    assert_eq!(hex(&refusal[..12]), "2a 00 00 00 07 0b 00 23 00 00 00 74");
+}
