@@ -1,9 +1,11 @@
-//! `volley`: run a registry controller or an echo server, list a registry, benchmark Volley.
+//! `volley`: run a registry controller or an echo server, list a registry, benchmark Volley,
+//! run the search-engine testbed.
 
 mod bench;
 mod codec_bench;
 mod controller;
 mod echo;
+mod testbed;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -52,6 +54,16 @@ enum Command {
     /// or `--registry ADDR`.
     /// `volley bench codec` benchmarks the codec tiers instead.
     Bench(BenchCommand),
+    /// The search-engine testbed of seeds/000 §8 — Document, LA, Index shards and Main as
+    /// Volley services — run over a matrix of configurations (relayed/direct, single calls/
+    /// batches, codec tier), reporting indexing and query time, messages and bytes, and the
+    /// cuts against the baseline (relayed + single calls + general codec). Every
+    /// configuration's answers must agree (and match a brute-force scan on the synthetic
+    /// corpus), or the command fails naming the first differing query.
+    Testbed(testbed::TestbedArgs),
+    /// One role process of `volley testbed --processes` (started by the testbed itself).
+    #[command(hide = true)]
+    TestbedRole(testbed::RoleArgs),
 }
 
 /// `volley bench [FLAGS]` runs the echo benchmark, as it always has; `volley bench codec
@@ -87,6 +99,8 @@ fn main() -> std::process::ExitCode {
         Command::Ls { registry, json } => controller::ls(&registry, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
+        Command::Testbed(args) => testbed::run(args).map_err(|e| e.to_string()),
+        Command::TestbedRole(args) => testbed::role(args).map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
