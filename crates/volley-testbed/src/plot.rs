@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Once;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::report::{Report, SEED_BYTES_PCT, SEED_INDEX_CUT, SEED_QUERY_CUT};
 
@@ -62,12 +63,13 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d(0f64..MEASURES.len() as f64, (low - 5.0)..105f64)?;
+        .build_cartesian_2d(0f64..MEASURES.len() as f64, (low - 5.0)..135f64)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .disable_x_axis()
         .y_desc("% cut vs baseline")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style(("sans-serif", 15))
         .draw()?;
     let groups = bars.len().max(1) as f64;
@@ -89,15 +91,16 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
         }))?
         .label("seed (MF-full, new vs old)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
-    chart.draw_series(
-        MEASURES
-            .iter()
-            .enumerate()
-            .map(|(m, name)| Text::new(*name, (m as f64 + 0.25, low - 1.0), ("sans-serif", 16))),
-    )?;
+    chart.draw_series(MEASURES.iter().enumerate().map(|(m, name)| {
+        Text::new(
+            *name,
+            (m as f64 + 0.5, low - 1.0),
+            ("sans-serif", 16).into_font().into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Top)),
+        )
+    }))?;
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))

@@ -106,24 +106,31 @@ pub fn rank(
     k: usize,
 ) -> Vec<Hit> {
     let terms = query.terms();
-    let mut acc: HashMap<u32, (f64, usize)> = HashMap::new();
+    // A dense accumulator per document (score, terms matched) and the documents touched:
+    // cheaper than a hash map on long posting lists; the additions happen in term order either
+    // way.
+    let mut acc: Vec<(f64, u32)> = vec![(0.0, 0); lengths.len()];
+    let mut touched: Vec<u32> = Vec::new();
     for term in &terms {
         let Some(list) = postings.get(term) else { continue };
         let df = list.len() as u32;
         for p in list {
-            let e = acc.entry(p.doc).or_insert((0.0, 0));
+            let e = &mut acc[p.doc as usize];
+            if e.1 == 0 {
+                touched.push(p.doc);
+            }
             e.0 += bm25(p.tf, df, lengths[p.doc as usize], stats);
             e.1 += 1;
         }
     }
     let need = match query.op {
-        Op::And => terms.len(),
+        Op::And => terms.len() as u32,
         Op::Or => 1,
     };
-    let mut hits: Vec<Hit> = acc
+    let mut hits: Vec<Hit> = touched
         .into_iter()
-        .filter(|(_, (_, n))| *n >= need)
-        .map(|(doc, (score, _))| Hit { doc, score })
+        .filter(|&d| acc[d as usize].1 >= need)
+        .map(|doc| Hit { doc, score: acc[doc as usize].0 })
         .collect();
     hits.sort_by(by_rank);
     hits.truncate(k);
