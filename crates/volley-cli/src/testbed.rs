@@ -32,7 +32,7 @@ pub enum TransportArg {
 
 /// Default synthetic corpus size: the default matrix (five configurations, the slowest the
 /// relayed single-call JSON baseline) finishes well within a minute on a busy 2-core machine.
-pub const DEFAULT_DOCS: u32 = 2000;
+pub const DEFAULT_DOCS: u32 = 3000;
 
 #[derive(Args)]
 pub struct TestbedArgs {
@@ -49,7 +49,7 @@ pub struct TestbedArgs {
     #[arg(long, default_value_t = 4)]
     shards: u32,
     /// Queries per class (high- and low-frequency terms; half OR, half AND).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 400)]
     queries: usize,
     /// Run one configuration (plus the baseline) with this registry mode instead of the matrix.
     #[arg(long, value_enum)]
