@@ -141,15 +141,27 @@ pub fn rank(
 pub fn brute_force(docs: &[Vec<String>], queries: &[Query], k: usize) -> Vec<Vec<Hit>> {
     let lengths: Vec<u32> = docs.iter().map(|d| d.len() as u32).collect();
     let stats = CorpusStats::from_lengths(&lengths);
+    // Each document's term counts, counted from its terms (no index: every query scans every
+    // document).
+    let counts: Vec<HashMap<&str, u32>> = docs
+        .iter()
+        .map(|d| {
+            let mut m = HashMap::new();
+            for t in d {
+                *m.entry(t.as_str()).or_insert(0) += 1;
+            }
+            m
+        })
+        .collect();
     queries
         .iter()
         .map(|q| {
             let terms = q.terms();
-            let tf = |doc: &[String], term: &str| doc.iter().filter(|t| *t == term).count() as u32;
+            let tf = |doc: &HashMap<&str, u32>, term: &str| doc.get(term).copied().unwrap_or(0);
             let df: Vec<u32> =
-                terms.iter().map(|t| docs.iter().filter(|d| tf(d, t) > 0).count() as u32).collect();
+                terms.iter().map(|t| counts.iter().filter(|d| tf(d, t) > 0).count() as u32).collect();
             let mut hits = Vec::new();
-            for (id, doc) in docs.iter().enumerate() {
+            for (id, doc) in counts.iter().enumerate() {
                 let (mut score, mut matched) = (0.0, 0);
                 for (term, &df) in terms.iter().zip(&df) {
                     let f = tf(doc, term);
