@@ -55,8 +55,8 @@ enum Command {
     /// `volley bench codec` benchmarks the codec tiers instead.
     Bench(BenchCommand),
     /// The search-engine testbed of seeds/000 §8 — Document, LA, Index shards and Main as
-    /// Volley services — run over a matrix of configurations (relayed/direct, single calls/
-    /// batches, codec tier), reporting indexing and query time, messages and bytes, and the
+    /// Volley services — run over a matrix of configurations (relayed or direct, single calls
+    /// or batches, codec tier), reporting indexing and query time, messages and bytes, and the
     /// cuts against the baseline (relayed + single calls + general codec). Every
     /// configuration's answers must agree (and match a brute-force scan on the synthetic
     /// corpus), or the command fails naming the first differing query.

@@ -52,6 +52,8 @@ pub struct TestbedArgs {
     #[arg(long, default_value_t = 400)]
     queries: usize,
     /// Run one configuration (plus the baseline) with this registry mode instead of the matrix.
+    /// Any of --mode, --batch, --single, --codec selects one configuration; the others then
+    /// default to direct, batches of 128 and the fast codec.
     #[arg(long, value_enum)]
     mode: Option<ModeArg>,
     /// Run one configuration with requests of up to N items (documents, queries).
