@@ -1,4 +1,5 @@
-//! `volley`: run a registry controller or an echo server, list a registry, benchmark Volley.
+//! `volley`: run a registry controller or an echo server, list a registry, benchmark Volley,
+//! run the search-engine testbed.
 
 mod bench;
 mod codec_bench;
@@ -7,6 +8,7 @@ mod echo;
 mod idle_bench;
 mod large_bench;
 mod pools_bench;
+mod testbed;
 
 // `--features mimalloc` or `--features jemalloc` picks the process's global allocator (both:
 // jemalloc). The default is the system allocator: see docs/BENCHMARKS.md, "Global allocator".
@@ -88,6 +90,16 @@ enum Command {
     /// `volley bench codec` benchmarks the codec tiers instead; `volley bench large` the
     /// large-payload path.
     Bench(BenchCommand),
+    /// The search-engine testbed of seeds/000 §8 — Document, LA, Index shards and Main as
+    /// Volley services — run over a matrix of configurations (relayed or direct, single calls
+    /// or batches, codec tier), reporting indexing and query time, messages and bytes, and the
+    /// cuts against the baseline (relayed + single calls + general codec). Every
+    /// configuration's answers must agree (and match a brute-force scan on the synthetic
+    /// corpus), or the command fails naming the first differing query.
+    Testbed(testbed::TestbedArgs),
+    /// One role process of `volley testbed --processes` (started by the testbed itself).
+    #[command(hide = true)]
+    TestbedRole(testbed::RoleArgs),
 }
 
 /// `volley bench [FLAGS]` runs the echo benchmark, as it always has; `volley bench codec
@@ -137,6 +149,8 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCommand { what: Some(BenchWhat::Pools(args)), .. }) => pools_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Idle(args)), .. }) => idle_bench::run(args),
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
+        Command::Testbed(args) => testbed::run(args).map_err(|e| e.to_string()),
+        Command::TestbedRole(args) => testbed::role(args).map_err(|e| e.to_string()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,195 @@
+//! `volley testbed`: the seed's search-engine testbed (seeds/000 §8) over Volley, with its
+//! report; `volley testbed-role` is the hidden subcommand a role process runs.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use volley::registry::Mode;
+use volley_testbed::roles::{Role, RoleSettings};
+use volley_testbed::run::DEFAULT_BATCH;
+use volley_testbed::{CodecKind, Config, CorpusSpec, Setup, Transport};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Relayed,
+    Direct,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum CodecArg {
+    /// JSON (the seed's general serialization).
+    General,
+    /// bitcode.
+    Fast,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum TransportArg {
+    Inproc,
+    Unix,
+    Tcp,
+}
+
+/// Default synthetic corpus size: the default matrix (five configurations, the slowest the
+/// relayed single-call JSON baseline) finishes well within a minute on a busy 2-core machine.
+pub const DEFAULT_DOCS: u32 = 3000;
+
+#[derive(Args)]
+pub struct TestbedArgs {
+    /// Synthetic corpus: number of documents (40-160 words each, Zipf-distributed vocabulary).
+    #[arg(long, default_value_t = DEFAULT_DOCS)]
+    docs: u32,
+    /// Seed of the synthetic corpus and of the query draw.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Read the corpus from the regular files in DIR instead (one document per file).
+    #[arg(long, value_name = "DIR")]
+    corpus: Option<PathBuf>,
+    /// Index shards (Index instances; terms are routed to them by key hash).
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// Queries per class (high- and low-frequency terms; half OR, half AND).
+    #[arg(long, default_value_t = 400)]
+    queries: usize,
+    /// Run one configuration (plus the baseline) with this registry mode instead of the matrix.
+    /// Any of --mode, --batch, --single, --codec selects one configuration; the others then
+    /// default to direct, batches of 128 and the fast codec.
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
+    /// Run one configuration with requests of up to N items (documents, queries).
+    #[arg(long, value_name = "N", conflicts_with = "single")]
+    batch: Option<usize>,
+    /// Run one configuration with single calls (one item per request).
+    #[arg(long)]
+    single: bool,
+    /// Run one configuration with this codec tier.
+    #[arg(long, value_enum)]
+    codec: Option<CodecArg>,
+    /// How the roles talk: unix sockets (default), tcp on loopback, or inproc (no encoding,
+    /// so no bytes or messages counted).
+    #[arg(long, value_enum, default_value = "unix")]
+    transport: TransportArg,
+    /// Run every role in its own process (started and stopped by the testbed); needs unix or
+    /// tcp.
+    #[arg(long)]
+    processes: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also draw the % cuts against the baseline as a bar chart (PNG).
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
+}
+
+pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let transport = match a.transport {
+        TransportArg::Inproc => Transport::Inproc,
+        TransportArg::Unix => Transport::Unix,
+        TransportArg::Tcp => Transport::Tcp,
+    };
+    if a.processes && transport == Transport::Inproc {
+        return Err("--processes needs --transport unix or tcp".into());
+    }
+    let corpus = match &a.corpus {
+        Some(d) => CorpusSpec::Dir(d.clone()),
+        None => CorpusSpec::Synthetic { docs: a.docs, seed: a.seed },
+    };
+    let single_config = a.mode.is_some() || a.batch.is_some() || a.single || a.codec.is_some();
+    let configs = if single_config {
+        let config = Config {
+            mode: match a.mode {
+                Some(ModeArg::Relayed) => Mode::Relayed,
+                _ => Mode::Direct,
+            },
+            batch: if a.single { 1 } else { a.batch.unwrap_or(DEFAULT_BATCH).max(1) },
+            codec: match a.codec {
+                Some(CodecArg::General) => CodecKind::General,
+                _ => CodecKind::Fast,
+            },
+            transport,
+        };
+        let base = Config::baseline(transport);
+        if config == base { vec![base] } else { vec![base, config] }
+    } else {
+        Config::matrix(transport, DEFAULT_BATCH)
+    };
+    let setup = Setup {
+        corpus,
+        shards: a.shards.max(1),
+        queries: a.queries,
+        query_seed: a.seed,
+        processes: a.processes,
+        exe: None,
+        progress: !a.json,
+    };
+    let report = volley_testbed::run(&setup, &configs)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
+    } else {
+        print!("{}", report.table());
+    }
+    if let Some(path) = &a.plot {
+        volley_testbed::plot::draw(&report, path)?;
+        if !a.json {
+            println!("plot: {}", path.display());
+        }
+    }
+    match &report.mismatch {
+        Some(m) => Err(format!("testbed results disagree: {m}").into()),
+        None => Ok(()),
+    }
+}
+
+/// `volley testbed-role`: one role of a `--processes` run (started by `volley testbed`).
+#[derive(Args)]
+pub struct RoleArgs {
+    /// document, la, indexN or main.
+    #[arg(long)]
+    role: String,
+    #[arg(long)]
+    registry: String,
+    #[arg(long)]
+    listen: String,
+    #[arg(long, value_enum)]
+    mode: ModeArg,
+    #[arg(long)]
+    batch: usize,
+    #[arg(long, value_enum)]
+    codec: CodecArg,
+    #[arg(long, default_value_t = DEFAULT_DOCS)]
+    docs: u32,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long)]
+    corpus: Option<PathBuf>,
+}
+
+pub fn role(a: RoleArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let role = match a.role.as_str() {
+        "document" => Role::Document,
+        "la" => Role::La,
+        "main" => Role::Main,
+        other => match other.strip_prefix("index").and_then(|n| n.parse().ok()) {
+            Some(n) => Role::Index(n),
+            None => return Err(format!("unknown role {other}").into()),
+        },
+    };
+    let settings = RoleSettings {
+        registry: a.registry,
+        mode: match a.mode {
+            ModeArg::Relayed => Mode::Relayed,
+            ModeArg::Direct => Mode::Direct,
+        },
+        batch: a.batch,
+        corpus: match a.corpus {
+            Some(d) => CorpusSpec::Dir(d),
+            None => CorpusSpec::Synthetic { docs: a.docs, seed: a.seed },
+        },
+    };
+    let codec = match a.codec {
+        CodecArg::General => CodecKind::General,
+        CodecArg::Fast => CodecKind::Fast,
+    };
+    volley_testbed::run::role_main(role, codec, settings, &a.listen)?;
+    Ok(())
+}
