@@ -54,7 +54,8 @@ pub struct ServerConfig {
     /// handled (if the handler does not wait) and their replies encoded on a CPU pool rather
     /// than on the connection's task, so that large payloads are not capped at one core per
     /// connection (seeds/000 §5). `usize::MAX` keeps everything on the connection's task.
-    /// Default 64 KiB: below it the hand-off costs more than the work (docs/BENCHMARKS.md).
+    /// Default 64 KiB, chosen by estimate, not yet by a sweep: a hand-off to the pool costs a
+    /// few microseconds, about what decoding 16–64 KiB of bitcode takes.
     pub offload_min_bytes: usize,
     /// How long a peer that sent part of a frame may stay silent before its connection is
     /// closed (a stalled or malicious peer must not hold a buffer and a task forever). An idle
