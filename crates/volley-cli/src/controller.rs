@@ -35,8 +35,8 @@ pub fn serve(listen: &str, store: &str, registration_credential: Option<String>)
 #[cfg(feature = "etcd")]
 async fn etcd_controller(url: &str, config: ControllerConfig) -> Result<Controller, String> {
     use std::sync::Arc;
-    let config = volley_etcd::EtcdConfig::parse(url)?;
-    let store = volley_etcd::EtcdStore::connect(config).await.map_err(|e| format!("--store {url}: {e}"))?;
+    let etcd = volley_etcd::EtcdConfig::parse(url)?;
+    let store = volley_etcd::EtcdStore::connect(etcd).await.map_err(|e| format!("--store {url}: {e}"))?;
     Ok(Controller::with_store(Arc::new(store), config))
 }
 
