@@ -313,8 +313,9 @@ impl Dispatch {
         if self.group.is_empty() {
             return;
         }
-        let (service, method, large) = self.key.clone().expect("a group has a key");
-        let route = match t.shared.router.lookup(as_str(&service), as_str(&method)) {
+        let (service, method, large) = self.key.as_ref().expect("a group has a key");
+        let large = *large;
+        let route = match t.shared.router.lookup(as_str(service), as_str(method)) {
             Ok(route) => route.clone(),
             Err(status) => {
                 self.errors.extend(self.group.drain(..).map(|(id, _)| (id, status.clone())));
