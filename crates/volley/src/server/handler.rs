@@ -150,6 +150,11 @@ where
     }
 }
 
+/// The reply to a request whose payload does not decode as the method's request type.
+fn undecodable(e: crate::codec::CodecError) -> Status {
+    Status::new(Code::BadRequest, format!("request could not be decoded: {e}"))
+}
+
 /// The text of a panic's payload.
 pub(super) fn panic_message(p: &Box<dyn Any + Send>) -> String {
     p.downcast_ref::<&str>()
@@ -462,7 +467,7 @@ impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
         for (id, payload) in reqs.drain(..) {
             let result = match Req::decode(payload) {
                 Ok(req) => f(req),
-                Err(e) => Err(Status::new(Code::BadRequest, format!("request could not be decoded: {e}"))),
+                Err(e) => Err(undecodable(e)),
             };
             items.push((id, result));
         }
@@ -485,9 +490,7 @@ impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
         for (i, payload) in items.requests().enumerate() {
             match Req::decode(payload) {
                 Ok(v) => values.push(v),
-                Err(e) => {
-                    bad.push((i, Status::new(Code::BadRequest, format!("request could not be decoded: {e}"))))
-                }
+                Err(e) => bad.push((i, undecodable(e))),
             }
         }
         if values.is_empty() {
@@ -513,8 +516,7 @@ impl<Req: Wire, Resp: Wire> ErasedHandler for TypedHandler<Req, Resp> {
                     ids.push(id);
                     values.push(v);
                 }
-                Err(e) => bad
-                    .push((id, Status::new(Code::BadRequest, format!("request could not be decoded: {e}")))),
+                Err(e) => bad.push((id, undecodable(e))),
             }
         }
         if values.is_empty() {
