@@ -75,10 +75,13 @@ fn million_item_stream_has_bounded_peak_heap() {
         eprintln!(
             "peak heap above baseline: {peak} bytes; window {window} bytes; all items: {all_items} bytes"
         );
-        assert!(window * 6 <= all_items / 2, "the test's batch is not much larger than the window");
+        // Plus what the buffer pool may keep for reuse (its shared bound).
+        let bound = window * 8 + volley::pool::buffer::GLOBAL_BOUND;
+        assert!(bound <= all_items / 2, "the test's batch is not much larger than the window");
         assert!(
-            peak < window * 6,
-            "peak heap {peak} bytes is not bounded by the window of {window} bytes (all items: {all_items})"
+            peak < bound,
+            "peak heap {peak} bytes is not bounded by the window of {window} bytes and the buffer \
+             pool (all items: {all_items})"
         );
         server.shutdown().await;
     });
