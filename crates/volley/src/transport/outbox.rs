@@ -174,8 +174,11 @@ impl Outbox {
             }
             let Some((frames, messages)) = self.take(&mut segs) else { break };
             let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
-            write_segments(wr, &mut segs).await?;
+            // Counted when handed to the socket, not after the write returns: the peer may
+            // answer before this task runs again, and a reply must never be seen before the
+            // request it answers is counted. A failed write ends the connection anyway.
             counters.sent(frames, messages, bytes);
+            write_segments(wr, &mut segs).await?;
             self.drained.notify_waiters();
         }
         wr.shutdown().await
