@@ -176,8 +176,9 @@ async fn server_keepalive_closes_a_peer_that_does_not_answer_pings() {
 }
 
 /// Shutdown with a drain deadline: the request that finishes within it is answered; the one
-/// that would run past it fails at once with a connection error (shutting down); shutdown
-/// returns soon after the deadline and reports that it did not drain.
+/// that would run past it is answered at the deadline with its own `ShuttingDown` error reply
+/// (not just a lost connection); shutdown returns soon after the deadline and reports that it
+/// did not drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_deadline_finishes_quick_work_and_drops_the_rest() {
     let s = server().build();
@@ -185,12 +186,16 @@ async fn shutdown_with_deadline_finishes_quick_work_and_drops_the_rest() {
     // Two connections: requests arriving together for one method share a handler turn.
     let c1 = Client::connect(&addr.to_string()).await.unwrap();
     let c2 = Client::connect(&addr.to_string()).await.unwrap();
+    let c3 = Client::connect(&addr.to_string()).await.unwrap();
     let opts = CallOptions::default().timeout(Duration::from_secs(120));
     let quick = tokio::spawn(async move { c1.call_with(&SLEEP, 200, opts).await });
     let slow = tokio::spawn(async move { c2.call_with(&SLEEP, 60_000, opts).await });
-    // Both requests are in handlers before shutdown starts.
+    let batch_opts = volley::BatchOptions { timeout: Some(Duration::from_secs(120)), ..Default::default() };
+    let slow_batch =
+        tokio::spawn(async move { c3.call_batch_with(&SLEEP, [60_000, 60_000, 60_000], batch_opts).await });
+    // All three requests are in handlers before shutdown starts.
     let t0 = Instant::now();
-    while s.counters().messages_received < 2 {
+    while s.counters().messages_received < 3 {
         assert!(t0.elapsed() < Duration::from_secs(20));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -204,7 +209,13 @@ async fn shutdown_with_deadline_finishes_quick_work_and_drops_the_rest() {
     assert!(took < Duration::from_secs(15), "returned only after {took:?}");
     assert_eq!(quick.await.unwrap(), Ok(200));
     let r = slow.await.unwrap();
-    assert!(matches!(&r, Err(Error::Connection(m)) if m.contains("ShuttingDown")), "{r:?}");
+    assert_eq!(r.as_ref().err().and_then(Error::code), Some(Code::ShuttingDown), "{r:?}");
+    // A batch request is answered as one: every item gets the error.
+    let items = slow_batch.await.unwrap();
+    assert_eq!(items.len(), 3);
+    for r in items {
+        assert_eq!(r.as_ref().err().and_then(Error::code), Some(Code::ShuttingDown), "{r:?}");
+    }
 }
 
 /// Everything drains in time: `shutdown_with_deadline` says so and every call is answered.

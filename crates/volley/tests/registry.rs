@@ -481,6 +481,54 @@ async fn killing_one_of_two_instances_under_load_loses_no_call() {
     controller.shutdown().await;
 }
 
+/// `stall(x)`: on an instance named "stuck", never answers in time; elsewhere x + 1.
+const STALL: Method<u64, u64> = Method::new("reg-test", "stall");
+
+/// An instance shut down with a drain deadline answers the calls it drops `ShuttingDown`: an
+/// idempotent call fails over to another instance and succeeds, another call gets the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_at_a_drain_deadline_fail_over_when_idempotent() {
+    let (controller, reg_addr) = start_controller("tcp://127.0.0.1:0", Duration::ZERO).await;
+    let registry = Registry::connect(&reg_addr).await.unwrap();
+    let serve = |stuck: bool| {
+        Server::builder()
+            .handle(&STALL, move |x: u64| async move {
+                if stuck {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+                Ok(x + 1)
+            })
+            .build()
+    };
+    let stuck = serve(true);
+    let a = stuck.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    register(&registry, &stuck, &a, LeaseConfig::default()).await;
+    let client = ServiceClient::connect_with(&reg_addr, service_config(Mode::Direct)).await.unwrap();
+    let opts = CallOptions::default().timeout(Duration::from_secs(30));
+    // Both calls reach the only instance, the stuck one.
+    let (c1, c2) = (client.clone(), client.clone());
+    let idempotent = tokio::spawn(async move { c1.call_with(&STALL, 1, opts.idempotent()).await });
+    let plain = tokio::spawn(async move { c2.call_with(&STALL, 2, opts).await });
+    wait_until(Duration::from_secs(10), "both calls in the stuck handler", || {
+        stuck.counters().messages_received >= 2
+    })
+    .await;
+    let healthy = serve(false);
+    let b = healthy.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    register(&registry, &healthy, &b, LeaseConfig::default()).await;
+    wait_until(Duration::from_secs(5), "the healthy instance", || cached_addresses(&client).len() == 2).await;
+
+    assert!(!stuck.shutdown_with_deadline(Duration::from_millis(300)).await);
+    assert_eq!(idempotent.await.unwrap(), Ok(2), "the idempotent call did not fail over");
+    let r = plain.await.unwrap();
+    assert_eq!(r.as_ref().err().and_then(Error::code), Some(Code::ShuttingDown), "{r:?}");
+    assert!(client.stats().failovers >= 1, "{:?}", client.stats());
+
+    drop(client);
+    healthy.shutdown().await;
+    controller.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Key routing
 // ---------------------------------------------------------------------------------------------

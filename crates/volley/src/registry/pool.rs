@@ -19,6 +19,7 @@ use super::hash::HashRing;
 use super::wire::{Instance, Resolved};
 use crate::client::{Client, ClientConfig};
 use crate::error::Error;
+use crate::proto::Code;
 use crate::stats::Snapshot;
 use crate::transport::Address;
 
@@ -409,8 +410,8 @@ impl Pool {
     /// Runs one call: picks an instance, connects, and hands the connection to `attempt`.
     ///
     /// An instance that cannot be connected to is left out and the next one is tried, for any
-    /// call (nothing was sent). An instance whose connection fails during the call is left
-    /// out too; the call is then retried on another instance only if it is `idempotent`
+    /// call (nothing was sent). An instance whose connection fails during the call (or that
+    /// answers it `ShuttingDown`, dropped at its drain deadline) is left out too; the call is then retried on another instance only if it is `idempotent`
     /// (its outcome on the first instance is unknown), otherwise it ends with the
     /// connection error. Every other outcome (replies, error replies, timeouts) is returned
     /// as it is. At most `max_attempts` instances are tried.
@@ -457,7 +458,9 @@ impl Pool {
             let r = attempt(client).await;
             drop(load);
             match r {
-                Err(e @ Error::Connection(_)) => {
+                // A `ShuttingDown` reply: the instance dropped the call at its drain deadline
+                // and is going away, like a lost connection (the call may have partly run).
+                Err(e) if matches!(e, Error::Connection(_)) || e.code() == Some(Code::ShuttingDown) => {
                     self.drop_endpoint(&ep, &e);
                     if !idempotent {
                         return Err(e);

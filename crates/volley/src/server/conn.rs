@@ -187,6 +187,10 @@ pub(super) async fn refuse<S: ByteStream>(shared: Arc<Shared>, stream: S) {
     FrameReader::new(rd, limits).drain(LINGER).await;
 }
 
+/// The error a request still running at a shutdown's drain deadline gets. Its handler may have
+/// partly run.
+const DROPPED_AT_DEADLINE: &str = "the server shut down: its drain deadline passed before this request finished (the handler may have partly run)";
+
 /// Unsent reply bytes above which a connection stops reading requests until its peer catches up.
 const MAX_UNSENT: usize = 16 << 20;
 
@@ -203,6 +207,8 @@ struct Dispatch {
     key: Option<(Bytes, Bytes, bool)>,
     errors: Vec<(u64, Status)>,
     pongs: Vec<u64>,
+    /// The ids of the requests handed to the handler being started (see [`Dispatch::start`]).
+    started: Vec<u64>,
     /// The peer's address, the [`current_peer`](super::current_peer) of its handlers.
     peer: Option<Arc<str>>,
 }
@@ -341,15 +347,15 @@ impl Dispatch {
             t.ready.push(Ready::Turn(replies));
             return;
         }
-        let n = self.group.len();
+        self.started.clear();
+        self.started.extend(self.group.iter().map(|(id, _)| *id));
         let items = std::mem::replace(&mut self.group, Vec::with_capacity(16));
         let fut = if large {
-            let ids = items.iter().map(|(id, _)| *id).collect();
-            offloaded(route.erased.clone(), ids, move |h| h.call(items))
+            offloaded(route.erased.clone(), self.started.clone(), move |h| h.call(items))
         } else {
             route.erased.call(items)
         };
-        self.start(t, fut, n);
+        self.start(t, fut, self.started.len());
     }
 
     /// Hands the items of batch request `id` to its handler (after the group before it, so
@@ -370,12 +376,15 @@ impl Dispatch {
         } else {
             route.erased.call_chunk(id, items, max_batch)
         };
+        self.started.clear();
+        self.started.push(id);
         self.start(t, fut, n);
     }
 
-    /// Runs a handler's future: one that finishes on its first poll has its replies written
-    /// with this turn's bundle; a slower one continues as its own task, and its `n` requests
-    /// count as queued work until its replies are queued.
+    /// Runs a handler's future for the requests in `self.started`: one that finishes on its
+    /// first poll has its replies written with this turn's bundle; a slower one continues as
+    /// its own task, and its `n` requests (a batch request counts its items) count as queued
+    /// work until its replies are queued.
     fn start(&mut self, t: &mut Turn<'_, '_>, mut fut: BoxFuture<'static, Box<dyn ReplyWriter>>, n: usize) {
         // The noop waker is safe: a pending future is spawned, and its task polls it again
         // with a real waker.
@@ -387,14 +396,22 @@ impl Dispatch {
             Poll::Pending => {
                 t.shared.queued.fetch_add(n, Ordering::Relaxed);
                 let (shared, outbox) = (t.shared.clone(), t.outbox.clone());
+                // Copied only here, for the slow path: it spawns a task anyway.
+                let ids = self.started.clone();
                 t.inflight.spawn(async move {
                     tokio::select! {
                         w = fut => {
                             let _ = outbox.push(|fb| w.write(fb));
                         }
-                        // The shutdown's drain deadline passed: the request is dropped; its
-                        // caller fails when the connection closes.
-                        _ = shared.abort.cancelled() => {}
+                        // The shutdown's drain deadline passed: the work is dropped, and each
+                        // request is answered so (before the connection's go-away).
+                        _ = shared.abort.cancelled() => {
+                            let _ = outbox.push(|fb| {
+                                for id in ids {
+                                    fb.error(id, Code::ShuttingDown, DROPPED_AT_DEADLINE);
+                                }
+                            });
+                        }
                     }
                     shared.queued.fetch_sub(n, Ordering::Relaxed);
                 });

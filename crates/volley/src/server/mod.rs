@@ -374,8 +374,9 @@ impl Server {
     }
 
     /// Graceful shutdown with a drain deadline: like [`shutdown`](Self::shutdown), but requests
-    /// still running when `deadline` passes are dropped, their connections get a go-away
-    /// (`ShuttingDown`) and are closed, so their callers fail at once with a connection error.
+    /// still running when `deadline` passes are dropped: each is answered with an error reply
+    /// of code [`Code::ShuttingDown`](crate::Code) (its caller sees [`Error::Remote`]; the
+    /// handler may have partly run), then its connection gets a go-away and is closed.
     /// Returns whether everything drained before the deadline.
     pub async fn shutdown_with_deadline(&self, deadline: Duration) -> bool {
         let drain = self.shutdown();
