@@ -423,6 +423,8 @@ pub fn json_lines(r: &Results, rate: Option<f64>) -> Vec<serde_json::Value> {
         let Some(&(best_flavor, best)) =
             meds.iter().reduce(|a, b| match (primary.of(&b.1), primary.of(&a.1)) {
                 (Some(x), Some(y)) if primary.better(x, y) => b,
+                // A runtime that completed no call in the window has no p50: never the best.
+                (Some(_), None) => b,
                 _ => a,
             })
         else {
@@ -471,4 +473,31 @@ pub fn json_lines(r: &Results, rate: Option<f64>) -> Vec<serde_json::Value> {
         }));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(calls: u64, p50_us: Option<f64>) -> Sample {
+        Sample { calls, calls_per_s: calls as f64 * 10.0, p50_us, p99_us: p50_us, ..Sample::default() }
+    }
+
+    /// A runtime whose window held no completed call (no p50) is never reported as the best,
+    /// whichever order the runtimes come in.
+    #[test]
+    fn a_runtime_without_calls_is_not_the_best() {
+        let sc = Scenario { kind: Kind::Latency, concurrency: 1, payload: 64, requests: 0 };
+        for (current, multi1) in
+            [(sample(0, None), sample(3, Some(900.0))), (sample(3, Some(900.0)), sample(0, None))]
+        {
+            let mut r = Results { samples: BTreeMap::new() };
+            r.samples.insert((Target::VolleyTcp, sc, Method::Unary, Flavor::Current), vec![current.clone()]);
+            r.samples.insert((Target::VolleyTcp, sc, Method::Unary, Flavor::Multi1), vec![multi1.clone()]);
+            let rows = json_lines(&r, None);
+            assert_eq!(rows.len(), 1);
+            assert_eq!(rows[0]["calls"], 3.0, "{}", rows[0]);
+            assert_eq!(rows[0]["p50_us"], 900.0, "{}", rows[0]);
+        }
+    }
 }

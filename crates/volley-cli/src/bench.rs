@@ -191,6 +191,11 @@ struct Report {
     /// Resident memory every ~10 s of the measured window (KiB), to tell a leak (steady
     /// growth) from an allocator settling (a step, then flat).
     rss_samples_kb: Vec<u64>,
+    /// Heap bytes the program holds (allocated and not freed; glibc's `mallinfo2`, with the
+    /// system allocator only), at the same moments as `rss_samples_kb`. Flat while resident
+    /// memory grows means the allocator is keeping freed memory, not that the program leaks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    heap_samples_kb: Vec<u64>,
 }
 
 /// Checks `--mode` and the flags that go with it; returns the registry mode and the call
@@ -437,6 +442,18 @@ fn bench_tls() -> &'static (volley::transport::tls::TlsServer, volley::transport
     })
 }
 
+/// Heap memory the program holds, in KiB: what the system allocator has handed out and not
+/// taken back (glibc only; `None` under mimalloc, jemalloc or another libc).
+fn heap_in_use_kb() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if crate::GLOBAL_ALLOCATOR == "system" {
+        // SAFETY: mallinfo2 only reads the allocator's own statistics.
+        let m = unsafe { libc::mallinfo2() };
+        return Some(((m.uordblks + m.hblkhd) / 1024) as u64);
+    }
+    None
+}
+
 /// Resident memory of this process in KiB (0 where /proc is not available).
 fn rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
@@ -608,6 +625,7 @@ async fn measure(
     let rss_start = rss_kb();
     let mut rss_max = rss_start;
     let mut rss_samples = vec![rss_start];
+    let mut heap_samples: Vec<u64> = heap_in_use_kb().into_iter().collect();
     let end = start + Duration::from_secs_f64(args.duration);
     let mut tick = 0u64;
     while Instant::now() < end {
@@ -617,9 +635,11 @@ async fn measure(
         tick += 1;
         if tick.is_multiple_of(10) {
             rss_samples.push(rss);
+            heap_samples.extend(heap_in_use_kb());
         }
     }
     let rss_end = rss_kb();
+    heap_samples.extend(heap_in_use_kb());
     phase.store(STOP, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
     let cpu_seconds = process_cpu_seconds() - cpu_before;
@@ -673,6 +693,7 @@ async fn measure(
         rss_end_kb: rss_end,
         rss_max_kb: rss_max.max(rss_end),
         rss_samples_kb: rss_samples,
+        heap_samples_kb: heap_samples,
         rss_growth_pct: if rss_start == 0 { 0.0 } else { (rss_end as f64 / rss_start as f64 - 1.0) * 100.0 },
     })
 }
@@ -744,6 +765,9 @@ fn print_report(r: &Report) {
         "  resident memory: {} KiB after warm-up, {} KiB at the end ({:+.1}%), {} KiB at most",
         r.rss_start_kb, r.rss_end_kb, r.rss_growth_pct, r.rss_max_kb
     );
+    if let (Some(first), Some(last)) = (r.heap_samples_kb.first(), r.heap_samples_kb.last()) {
+        println!("  heap in use: {first} KiB after warm-up, {last} KiB at the end");
+    }
     println!(
         "  latency us: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         r.p50_us, r.p95_us, r.p99_us, r.p999_us, r.max_us
