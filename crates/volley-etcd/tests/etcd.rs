@@ -29,8 +29,8 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 fn short_lease() -> LeaseConfig {
     // etcd counts whole seconds and raises very short leases to its minimum (about 2 s). A
-    // registration may take as long as `renew_every` (an etcd write on a busy machine can be
-    // slow), so that is not too short either.
+    // first registration may take up to the ttl, a renewal up to `renew_every` (an etcd write
+    // on a busy machine can be slow), so neither is very short.
     LeaseConfig {
         ttl: Duration::from_secs(3),
         renew_every: Some(Duration::from_secs(1)),

@@ -247,8 +247,10 @@ async fn a_watch_delivers_added_and_removed_instances_within_the_lease_time() {
 async fn registry_down_calls_go_on_from_the_cache_and_registrations_are_rebuilt_when_it_is_back() {
     let reg_addr = unix_address("restart");
     let (controller, _) = start_controller(&reg_addr, Duration::ZERO).await;
+    // Renewed often, so the restart is noticed at once; the ttl is long enough that a renewal
+    // delayed on a loaded machine does not lapse the lease (that would register a third time).
     let lease = LeaseConfig {
-        ttl: Duration::from_millis(300),
+        ttl: Duration::from_secs(2),
         renew_every: Some(Duration::from_millis(100)),
         retry_every: Some(Duration::from_millis(30)),
     };

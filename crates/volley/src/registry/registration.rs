@@ -110,7 +110,10 @@ impl Registry {
         if instances.is_empty() {
             return Err(Error::Usage("register needs at least one instance".into()));
         }
-        let first = register_once(self, &instances, &lease).await?;
+        // The first registration may wait as long as the lease it asks for (a store such as
+        // etcd writes to disk, which can take seconds on a busy machine); a re-registration
+        // in the background waits one renewal interval, then tries again.
+        let first = register_once(self, &instances, &lease, lease.ttl.max(lease.renew_every())).await?;
         let shared = Arc::new(Shared {
             lease: AtomicU64::new(first.lease),
             instance_ids: Mutex::new(first.instance_ids),
@@ -129,6 +132,7 @@ async fn register_once(
     registry: &Registry,
     instances: &[InstanceSpec],
     lease: &LeaseConfig,
+    timeout: Duration,
 ) -> Result<Registered, Error> {
     let req = RegisterRequest {
         lease: 0,
@@ -136,7 +140,7 @@ async fn register_once(
         instances: instances.to_vec(),
         credential: String::new(),
     };
-    registry.register_raw(req, lease.renew_every()).await
+    registry.register_raw(req, timeout).await
 }
 
 async fn keep_alive(
@@ -161,7 +165,7 @@ async fn keep_alive(
                 shared.renewals.fetch_add(1, Relaxed);
                 renew_every
             }
-            Ok(_) => match register_once(&registry, &instances, &lease).await {
+            Ok(_) => match register_once(&registry, &instances, &lease, lease.renew_every()).await {
                 Ok(r) => {
                     tracing::info!(old = id, new = r.lease, "registry lost the lease; registered again");
                     shared.lease.store(r.lease, Relaxed);
