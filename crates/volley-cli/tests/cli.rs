@@ -57,6 +57,13 @@ fn bench_json_has_the_documented_keys_on_every_transport() {
         if transport != "inproc" {
             assert!(v["messages_sent"].as_u64().unwrap() >= v["calls"].as_u64().unwrap(), "{v}");
         }
+        // Heap in use next to resident memory (glibc's mallinfo2, system allocator): one sample
+        // after warm-up and one at the end, each non-zero (the server and client hold buffers).
+        if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            let heap = v["heap_samples_kb"].as_array().unwrap_or_else(|| panic!("no heap samples in {v}"));
+            assert!(heap.len() >= 2, "{v}");
+            assert!(heap.iter().all(|h| h.as_u64().is_some_and(|kb| kb > 0)), "{v}");
+        }
     }
 }
 
