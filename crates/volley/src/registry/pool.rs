@@ -410,11 +410,12 @@ impl Pool {
     /// Runs one call: picks an instance, connects, and hands the connection to `attempt`.
     ///
     /// An instance that cannot be connected to is left out and the next one is tried, for any
-    /// call (nothing was sent). An instance whose connection fails during the call (or that
-    /// answers it `ShuttingDown`, dropped at its drain deadline) is left out too; the call is then retried on another instance only if it is `idempotent`
-    /// (its outcome on the first instance is unknown), otherwise it ends with the
-    /// connection error. Every other outcome (replies, error replies, timeouts) is returned
-    /// as it is. At most `max_attempts` instances are tried.
+    /// call (nothing was sent). An instance whose connection fails during the call, or that
+    /// answers it `ShuttingDown` (dropped at its drain deadline), is left out too; the call is
+    /// then retried on another instance only if it is `idempotent` (its outcome on the first
+    /// instance is unknown), otherwise it ends with that error. Every other outcome (replies,
+    /// other error replies, timeouts) is returned as it is. At most `max_attempts` instances
+    /// are tried.
     pub async fn call<T, F, Fut>(&self, route: &Route, idempotent: bool, mut attempt: F) -> Result<T, Error>
     where
         F: FnMut(Client) -> Fut,
