@@ -29,6 +29,9 @@ pub(crate) struct StreamConn {
     outbox: Outbox,
     pending: Pending,
     alive: AtomicBool,
+    /// Why the connection ended (the first failure), for calls that find it closed: a server
+    /// that refused the token must read as `Unauthenticated`, not as a closed connection.
+    ended: std::sync::OnceLock<Error>,
     counters: Arc<Counters>,
     peer: String,
     sweeper: Sweeper,
@@ -153,6 +156,7 @@ impl StreamConn {
             outbox,
             pending: Pending::default(),
             alive: AtomicBool::new(true),
+            ended: std::sync::OnceLock::new(),
             counters,
             peer,
             sweeper: Sweeper { target: AtomicU64::new(u64::MAX), wake: Notify::new() },
@@ -216,6 +220,7 @@ impl StreamConn {
     }
 
     fn fail(&self, err: Error) {
+        let _ = self.ended.set(err.clone());
         self.dead.cancel();
         self.alive.store(false, Ordering::Relaxed);
         self.outbox.close();
@@ -408,7 +413,9 @@ impl StreamConn {
             }
             Err(_closed) => {
                 self.pending.remove(id);
-                return Err(Error::Connection(format!("connection to {} is closed", self.peer)));
+                let why = self.ended.get().cloned();
+                return Err(why
+                    .unwrap_or_else(|| Error::Connection(format!("connection to {} is closed", self.peer))));
             }
         };
         let _bytes = InFlightBytes::add(&self.flow, size);
@@ -474,5 +481,48 @@ fn build_error<E: std::fmt::Display>(e: BuildError<E>) -> Error {
         BuildError::TooManyItems { count, max } => {
             Error::Usage(format!("a batch message of {count} items exceeds the protocol limit of {max}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ECHO: Method<String, String> = Method::new("t", "echo");
+
+    /// A call that finds its connection's outbox closed reports why the connection ended. A
+    /// caller that registered its waiter just before the server refused the token, and queues
+    /// its request just after, lands here (`fail` closes the outbox before it fails the
+    /// waiters); CI once saw "connection ... is closed" instead of `Unauthenticated`.
+    #[tokio::test]
+    async fn a_call_that_finds_the_outbox_closed_gets_the_reason_it_failed() {
+        let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
+        let conn = StreamConn::start(ours, options(), Arc::default());
+        // The moment inside `fail` between closing the outbox and failing the waiters.
+        let _ = conn.ended.set(Error::Unauthenticated("the token presented is not accepted".into()));
+        conn.outbox.close();
+        let r = conn.call(1, || 2, &ECHO, &"x".to_string(), 0, Duration::from_secs(5)).await;
+        assert!(matches!(&r, Err(Error::Unauthenticated(_))), "{r:?}");
+        assert_eq!(conn.pending_len(), 0);
+    }
+
+    fn options() -> ConnOptions {
+        ConnOptions {
+            limits: Limits::default(),
+            flow: FlowLimits { max_items: 16, max_bytes: 1 << 20 },
+            token: None,
+            keepalive: None,
+        }
+    }
+
+    /// After the connection failed, a new call gets the failure too.
+    #[tokio::test]
+    async fn a_call_on_a_failed_connection_gets_the_reason_it_failed() {
+        let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
+        let conn = StreamConn::start(ours, options(), Arc::default());
+        conn.fail(Error::Unauthenticated("the token presented is not accepted".into()));
+        let r = conn.call(1, || 2, &ECHO, &"x".to_string(), 0, Duration::from_secs(5)).await;
+        assert!(matches!(&r, Err(Error::Unauthenticated(_))), "{r:?}");
+        assert_eq!(conn.pending_len(), 0);
     }
 }
