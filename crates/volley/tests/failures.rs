@@ -58,7 +58,8 @@ async fn deadline_fires(addr: &str) {
     let elapsed = t0.elapsed();
     assert_eq!(r, Err(Error::Timeout(deadline)), "{bound}");
     assert!(
-        elapsed >= Duration::from_millis(80) && elapsed < Duration::from_millis(600),
+        // The late reply would come after LATE: half of it leaves room for a noisy machine.
+        elapsed >= Duration::from_millis(80) && elapsed < LATE / 2,
         "{bound}: timed out after {elapsed:?}, expected about {deadline:?}"
     );
     assert_eq!(client.pending_calls(), 0, "{bound}: the timed-out call left a waiter");
@@ -66,7 +67,7 @@ async fn deadline_fires(addr: &str) {
     // The connection is fine: the next call works at once.
     let t1 = Instant::now();
     assert_eq!(client.call(&ADD_ONE, 41).await, Ok(42), "{bound}");
-    assert!(t1.elapsed() < Duration::from_millis(500), "{bound}");
+    assert!(t1.elapsed() < LATE / 2, "{bound}: the next call waited for the slow one");
 
     // Wait past the moment the late reply arrives (on byte transports: it is counted as
     // received), then check it was dropped and mixed up with nothing.
