@@ -244,9 +244,9 @@ impl StreamConn {
             }
             // Rescanning a huge table often would cost more than the calls: keep sweeps under
             // about 5% of the time, and at least 1 ms apart. Wall time also counts the time this
-            // thread was preempted or its vCPU stolen, so the gap is capped: uncapped, a 45 ms
-            // stall during a sweep of 200 entries delayed the next one by 900 ms (CI saw
-            // deadlines fire that late).
+            // thread was preempted or its vCPU stolen, so the gap is capped: uncapped, a sweep
+            // of 200 entries stalled for 45 ms would hold the next one back for 900 ms (CI saw
+            // deadlines fire up to 900 ms late).
             let min_gap = (started.elapsed() * 20).clamp(Duration::from_millis(1), MAX_SWEEP_GAP);
             let sleep = next.map(|d| Duration::from(d.duration_since(now)).max(min_gap));
             tokio::select! {
