@@ -77,7 +77,6 @@ struct State {
 
 /// What [`Pending::insert`] did: the id the waiter got, and whether its deadline is earlier
 /// than the one the sweeper sleeps towards (the caller must wake the sweeper).
-#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Inserted {
     pub id: u64,
     pub wake_sweeper: bool,

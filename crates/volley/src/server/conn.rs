@@ -396,7 +396,9 @@ impl Dispatch {
             Poll::Pending => {
                 t.shared.queued.fetch_add(n, Ordering::Relaxed);
                 let (shared, outbox) = (t.shared.clone(), t.outbox.clone());
-                // Copied only here, for the slow path: it spawns a task anyway.
+                // `started` is filled on every dispatch (a copy of the ids into a reused
+                // buffer, since the items move into the future); it is cloned only here, on
+                // the slow path, which spawns a task anyway.
                 let ids = self.started.clone();
                 t.inflight.spawn(async move {
                     tokio::select! {
