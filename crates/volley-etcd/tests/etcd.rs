@@ -383,8 +383,14 @@ async fn with_one_of_three_etcd_members_down_the_registry_carries_on() {
     // The member the store talks to (the first of its list) dies; the other two keep a quorum
     // (after an election, if it was the leader).
     members[0].stop();
+    let t0 = Instant::now();
     wait_for(PATIENCE, "etcd writes through the other members", async || {
-        c.store().grant(Duration::from_secs(1)).await.is_ok()
+        // Each refusal is shown if the test fails (with the members' logs, see `Etcd`'s drop).
+        let r = c.store().grant(Duration::from_secs(1)).await;
+        if let Err(e) = &r {
+            eprintln!("{:?} after the kill: {e}", t0.elapsed());
+        }
+        r.is_ok()
     })
     .await;
     // Registrations, renewals and the watch carry on through them.

@@ -92,14 +92,27 @@ impl Etcd {
     fn launch(&mut self) {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        // Appended to, so that a restart keeps the log of the run before.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .unwrap();
         let child = Command::new(&self.bin)
             .args(["--name", &self.name, "--data-dir"])
             .arg(self.data_dir().join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial_cluster])
-            .args(["--logger", "zap", "--log-level", "error"])
+            // Test members share one disk with the build and each other: without fsync a slow
+            // disk cannot stall raft into missed heartbeats and elections. A killed member
+            // still finds its data (the kernel keeps what was written); only a machine crash
+            // would lose it, which no test does. Pre-vote keeps a member that stalled (CPU
+            // steal) from deposing a healthy leader when it wakes up.
+            .args(["--unsafe-no-fsync", "--pre-vote"])
+            // Info level: elections, slow disk and heartbeat warnings are what a failing test
+            // needs to show (see `Drop`).
+            .args(["--logger", "zap", "--log-level", "info"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -174,7 +187,29 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
+        // A failing test shows what etcd was doing: its log is gone with the directory.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().filter(|l| telling(l)).collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+            eprintln!(
+                "--- {}'s log: warnings and elections, last {} ---\n{}",
+                self.name,
+                tail.len(),
+                tail.join("\n")
+            );
+        }
     }
+}
+
+/// How much of each member's log a failing test prints.
+const LOG_TAIL: usize = 40;
+
+/// Whether a log line tells something about a failure: a warning or error (slow disk, missed
+/// heartbeats, lost peers), or a leader election. Start-up chatter is left out.
+fn telling(line: &str) -> bool {
+    !line.contains(r#""level":"info""#)
+        || ["leader", "election", "candidate"].iter().any(|w| line.contains(w))
 }
 
 /// Waits (up to `within`) until `cond` holds; returns how long that took.
