@@ -106,7 +106,8 @@ impl Etcd {
             .args(["--initial-cluster", &self.initial_cluster])
             // Test members share one disk with the build and each other: without fsync a slow
             // disk cannot stall raft into missed heartbeats and elections. A killed member
-            // still finds its data (the kernel keeps what was written); only a machine crash
+            // still finds its data (from etcd 3.4.16 the flag still writes it out, and the
+            // kernel keeps what was written); only a machine crash
             // would lose it, which no test does. Pre-vote keeps a member that stalled (CPU
             // steal) from deposing a healthy leader when it wakes up.
             .args(["--unsafe-no-fsync", "--pre-vote"])
