@@ -107,9 +107,9 @@ impl Etcd {
             // Test members share one disk with the build and each other: without fsync a slow
             // disk cannot stall raft into missed heartbeats and elections. A killed member
             // still finds its data (from etcd 3.4.16 the flag still writes it out, and the
-            // kernel keeps what was written); only a machine crash
-            // would lose it, which no test does. Pre-vote keeps a member that stalled (CPU
-            // steal) from deposing a healthy leader when it wakes up.
+            // kernel keeps what was written); only a machine crash would lose it, which no
+            // test does. Pre-vote keeps a member that stalled (CPU steal) from deposing a
+            // healthy leader when it wakes up.
             .args(["--unsafe-no-fsync", "--pre-vote"])
             // Info level: elections, slow disk and heartbeat warnings are what a failing test
             // needs to show (see `Drop`).
