@@ -84,6 +84,16 @@ impl Etcd {
         self.dir.path()
     }
 
+    /// Where etcd's output goes (kept across restarts).
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// Everything etcd has logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
     async fn spawn(&mut self) {
         self.launch();
         self.wait_ready().await;
@@ -93,11 +103,7 @@ impl Etcd {
         let client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         // Appended to, so that a restart keeps the log of the run before.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("etcd.log"))
-            .unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
         let child = Command::new(&self.bin)
             .args(["--name", &self.name, "--data-dir"])
             .arg(self.data_dir().join("data"))
@@ -130,8 +136,7 @@ impl Etcd {
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
-                panic!("etcd exited at start ({status}):\n{log}");
+                panic!("etcd exited at start ({status}):\n{}", self.log());
             }
             assert!(t0.elapsed() < Duration::from_secs(60), "etcd did not answer within 60 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -190,7 +195,7 @@ impl Drop for Etcd {
         self.stop();
         // A failing test shows what etcd was doing: its log is gone with the directory.
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+            let log = self.log();
             let lines: Vec<&str> = log.lines().filter(|l| telling(l)).collect();
             let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
             eprintln!(
