@@ -285,6 +285,9 @@ impl Dispatch {
         }
         batch.clear();
         self.flush(t);
+        // The key's names are slices of the receive buffer: kept past the turn, they would pin
+        // the whole buffer (64 KiB) for as long as the connection stays idle.
+        self.key = None;
         violation
     }
 
