@@ -41,15 +41,9 @@ impl Decoder {
     /// bad preamble, or a length prefix over the limit (reported as soon as the prefix arrives,
     /// before the peer can make us buffer the body).
     pub fn next_frame(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, ProtocolError> {
+        self.take_preamble(buf)?;
         if self.expect_preamble {
-            if buf.len() < preamble::PREAMBLE_LEN {
-                return Ok(None);
-            }
-            let mut p = [0u8; preamble::PREAMBLE_LEN];
-            p.copy_from_slice(&buf[..preamble::PREAMBLE_LEN]);
-            preamble::check(&p)?;
-            buf.advance(preamble::PREAMBLE_LEN);
-            self.expect_preamble = false;
+            return Ok(None);
         }
         let Some(len) = self.frame_len(buf)? else {
             return Ok(None);
@@ -59,6 +53,25 @@ impl Decoder {
         }
         buf.advance(4);
         Ok(Some(buf.split_to(len).freeze()))
+    }
+
+    /// Whether the peer's preamble is still to come.
+    pub fn expects_preamble(&self) -> bool {
+        self.expect_preamble
+    }
+
+    /// Checks and removes the peer's preamble from the front of `buf` once all of it is there
+    /// (nothing to do after that).
+    pub fn take_preamble(&mut self, buf: &mut BytesMut) -> Result<(), ProtocolError> {
+        if !self.expect_preamble || buf.len() < preamble::PREAMBLE_LEN {
+            return Ok(());
+        }
+        let mut p = [0u8; preamble::PREAMBLE_LEN];
+        p.copy_from_slice(&buf[..preamble::PREAMBLE_LEN]);
+        preamble::check(&p)?;
+        buf.advance(preamble::PREAMBLE_LEN);
+        self.expect_preamble = false;
+        Ok(())
     }
 
     /// How many more bytes must arrive before `next_frame` can return a frame: exact once the

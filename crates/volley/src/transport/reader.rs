@@ -16,6 +16,9 @@ const READ_CHUNK: usize = 64 * 1024;
 /// With the pools on, a read goes into the current buffer while it has this much room left.
 const MIN_ROOM: usize = 8 * 1024;
 
+/// Bytes handed up per turn before the reader lets other tasks run (see [`FrameReader::read_batch`]).
+const TURN_BYTES: usize = 1 << 20;
+
 /// Why reading stopped.
 #[derive(Debug)]
 pub enum ReadError {
@@ -52,6 +55,12 @@ pub struct FrameReader<R> {
     failed: Option<ProtocolError>,
     /// How long a partly received frame may wait for its next bytes (`None`: forever).
     read_timeout: Option<std::time::Duration>,
+    /// When the partly received frame in `buf` times out. Kept here, not in a timer of the
+    /// read's future, so that a caller that drops the read (a keepalive tick in the same
+    /// `select!`) and starts it again does not restart the clock.
+    stall_deadline: Option<tokio::time::Instant>,
+    /// Messages and bytes handed up since this reader last waited for the socket.
+    spent: (usize, usize),
 }
 
 impl<R: ReadHalf> FrameReader<R> {
@@ -64,6 +73,8 @@ impl<R: ReadHalf> FrameReader<R> {
             limits,
             failed: None,
             read_timeout: None,
+            stall_deadline: None,
+            spent: (0, 0),
         }
     }
 
@@ -75,13 +86,26 @@ impl<R: ReadHalf> FrameReader<R> {
         self
     }
 
-    /// Bytes held by the receive buffer (for tests of idle memory).
-    pub fn buffer_capacity(&self) -> usize {
-        self.buf.capacity()
+    /// Waits for the peer's preamble and checks it; frames that came with it stay buffered.
+    /// `Ok(false)` if the peer closed the stream before sending a byte.
+    pub async fn preamble(&mut self) -> Result<bool, ReadError> {
+        while self.decoder.expects_preamble() {
+            self.decoder.take_preamble(&mut self.buf).map_err(ReadError::Protocol)?;
+            if self.decoder.expects_preamble() && !self.fill().await? {
+                return if self.buf.is_empty() { Ok(false) } else { Err(ReadError::Truncated) };
+            }
+        }
+        Ok(true)
     }
 
     /// Waits until at least one message is available, then appends every complete message in
-    /// the buffer (whole frames, stopping once `max` is reached) to `out`.
+    /// the buffer (whole frames, stopping once `max` messages or about 1 MiB are reached) to
+    /// `out`.
+    ///
+    /// Fairness: a peer that keeps its socket full would otherwise never make this wait, and
+    /// its connection would hold the runtime's thread while other connections starve (on a
+    /// current-thread runtime, all of them). So once `max` messages or 1 MiB were handed up
+    /// without waiting for the socket, the next call first yields to the other tasks.
     ///
     /// `Ok(false)` means the peer closed the stream cleanly between frames.
     pub async fn read_batch(
@@ -90,13 +114,17 @@ impl<R: ReadHalf> FrameReader<R> {
         max: usize,
         counters: &Counters,
     ) -> Result<bool, ReadError> {
+        if self.spent.0 >= max || self.spent.1 >= TURN_BYTES {
+            self.spent = (0, 0);
+            tokio::task::yield_now().await;
+        }
         loop {
             if let Some(e) = self.failed.take() {
                 return Err(ReadError::Protocol(e));
             }
             let before = out.len();
             let (mut frames, mut bytes) = (0u64, 0u64);
-            while out.len() < max {
+            while out.len() < max && (bytes as usize) < TURN_BYTES {
                 let decoded = self.decoder.next_frame(&mut self.buf).and_then(|frame| match frame {
                     Some(body) => decode_frame(&body, &self.limits, out).map(|()| Some(body.len())),
                     None => Ok(None),
@@ -117,6 +145,8 @@ impl<R: ReadHalf> FrameReader<R> {
             }
             if out.len() > before {
                 counters.received(frames, (out.len() - before) as u64, bytes);
+                self.spent.0 += out.len() - before;
+                self.spent.1 += bytes as usize;
                 return Ok(true);
             }
             if !self.fill().await? {
@@ -132,7 +162,7 @@ impl<R: ReadHalf> FrameReader<R> {
         loop {
             if self.buf.capacity() == 0 {
                 // Idle: hold no buffer until the socket has bytes for us.
-                self.rd.readable().await.map_err(ReadError::Io)?;
+                self.wait_readable().await?;
             }
             let missing = self.decoder.missing(&self.buf);
             if pool::enabled() {
@@ -142,24 +172,48 @@ impl<R: ReadHalf> FrameReader<R> {
             }
             match self.rd.try_read_buf(self.buf.as_bytes_mut()) {
                 Ok(0) => return Ok(false),
-                Ok(_) => return Ok(true),
+                Ok(_) => {
+                    // Progress: a partial frame gets the whole timeout again from here.
+                    self.stall_deadline = None;
+                    return Ok(true);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.buf.is_empty() {
                         pool::buffer::put(std::mem::take(&mut self.buf));
+                        self.wait_readable().await?;
                     } else if let Some(t) = self.read_timeout {
                         // Part of a frame is here: the rest must follow within the timeout.
-                        match tokio::time::timeout(t, self.rd.readable()).await {
-                            Ok(r) => r.map_err(ReadError::Io)?,
+                        let deadline =
+                            *self.stall_deadline.get_or_insert_with(|| tokio::time::Instant::now() + t);
+                        match tokio::time::timeout_at(deadline, self.wait_readable()).await {
+                            Ok(r) => r?,
                             Err(_) => return Err(ReadError::Stalled(t)),
                         }
                     } else {
-                        self.rd.readable().await.map_err(ReadError::Io)?;
+                        self.wait_readable().await?;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ReadError::Io(e)),
             }
         }
+    }
+
+    /// Waits for the socket; a wait that parks the task starts a fresh turn budget.
+    async fn wait_readable(&mut self) -> Result<(), ReadError> {
+        let rd = &self.rd;
+        let mut readable = std::pin::pin!(rd.readable());
+        let mut parked = false;
+        let r = std::future::poll_fn(|cx| {
+            let p = readable.as_mut().poll(cx);
+            parked |= p.is_pending();
+            p
+        })
+        .await;
+        if parked {
+            self.spent = (0, 0);
+        }
+        r.map_err(ReadError::Io)
     }
 
     /// Makes room for the `missing` bytes of a partial frame, and at least [`MIN_ROOM`]. A
@@ -201,5 +255,59 @@ impl<R: ReadHalf> FrameReader<R> {
         })
         .await;
         self.buf = PoolBuf::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A read half holding some bytes and then nothing, ever.
+    struct Silent(parking_lot::Mutex<Vec<u8>>);
+
+    impl ReadHalf for Silent {
+        async fn readable(&self) -> io::Result<()> {
+            if self.0.lock().is_empty() {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        }
+        fn try_read_buf(&self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+            let mut held = self.0.lock();
+            if held.is_empty() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            buf.extend_from_slice(&held);
+            Ok(std::mem::take(&mut *held).len())
+        }
+    }
+
+    /// The read timeout of a partial frame counts from its last byte, however often the read is
+    /// dropped and started again (a keepalive tick in the connection's `select!` does that).
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_read_does_not_restart_the_stall_timer() {
+        let mut bytes = crate::proto::PREAMBLE.to_vec();
+        bytes.extend_from_slice(&100u32.to_le_bytes());
+        bytes.extend_from_slice(&[1; 10]); // 10 of 100 bytes
+        let t = Duration::from_secs(10);
+        let mut reader = FrameReader::new(Silent(parking_lot::Mutex::new(bytes)), Limits::default())
+            .with_read_timeout(Some(t));
+        let (counters, mut out) = (Counters::default(), Vec::new());
+        let start = tokio::time::Instant::now();
+        for _ in 0..10 {
+            // A tick every 3 s drops the read.
+            match tokio::time::timeout(Duration::from_secs(3), reader.read_batch(&mut out, 100, &counters))
+                .await
+            {
+                Err(_) => continue,
+                Ok(Err(ReadError::Stalled(_))) => {
+                    assert_eq!(start.elapsed(), t, "the stall is reported at the read timeout");
+                    return;
+                }
+                Ok(other) => panic!("{other:?}"),
+            }
+        }
+        panic!("no stall reported in 30 s with a read timeout of {t:?}");
     }
 }
