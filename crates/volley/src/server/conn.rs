@@ -13,15 +13,17 @@ use std::sync::atomic::Ordering;
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
+use super::admission::{OpeningTicket, Served};
 use super::handler::{ReplyWriter, TurnBox};
 use super::offload::offloaded;
 use crate::error::Status;
 use crate::pool::{self, arena, arena::Bump};
 use crate::proto::message::as_str;
-use crate::proto::{BatchItems, Code, Message, ProtocolError};
+use crate::proto::{BatchItems, Code, Message, PREAMBLE, ProtocolError};
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
-use crate::transport::stream::ByteStream;
+use crate::transport::stream::{ByteStream, Handshake, ReadHalf};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 enum End {
     PeerClosed,
@@ -36,28 +38,107 @@ enum End {
     Unauthenticated(&'static str),
 }
 
-/// Serves `stream` until the peer leaves, breaks the protocol, or the server shuts down.
-pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
-    // The accept loop counted this connection; it stops counting when serving ends.
-    struct Counted(Arc<Shared>);
-    impl Drop for Counted {
-        fn drop(&mut self) {
-            self.0.connections.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-    let _counted = Counted(shared.clone());
+/// Opens an accepted connection (handshake, preambles) under the opening bound, then serves
+/// it if there is room among the served connections, or refuses it with a go-away.
+pub(super) async fn accept<S, H>(shared: Arc<Shared>, stream: S, handshake: H, ticket: OpeningTicket)
+where
+    S: ByteStream,
+    H: Handshake<S>,
+{
     let peer = stream.peer();
-    let (rd, wr) = stream.into_halves();
-    let limits = shared.config.limits;
-    let outbox = Arc::new(Outbox::new(limits));
+    let timeout = shared.config.handshake_timeout;
+    let opened = tokio::select! {
+        r = open(&shared, stream, &handshake) => r,
+        _ = ticket.evicted.cancelled() => {
+            tracing::debug!(%peer, "closing an opening connection to make room for a newer one");
+            return;
+        }
+        _ = tokio::time::sleep(timeout) => {
+            tracing::debug!(%peer, ?timeout, "closing a connection that did not open in time");
+            return;
+        }
+        _ = shared.shutdown.cancelled() => return,
+    };
+    drop(ticket);
+    match opened {
+        Ok(Opened { reader, wr, peer }) => match shared.admission.serve(shared.config.max_connections) {
+            // A task of its own, so an idle connection does not keep the opening's state too.
+            Some(served) => shared.spawn(serve(shared.clone(), reader, wr, peer, served)),
+            None => {
+                let max = shared.config.max_connections.unwrap_or(0);
+                tracing::warn!(%peer, max, "refusing connection: connection limit reached");
+                let why = format!("server is at its limit of {max} connections");
+                go_away_and_close(&shared, reader, wr, Code::Overloaded, &why).await;
+            }
+        },
+        Err(OpenError::BadPreamble(opened, e)) => {
+            let Opened { reader, wr, peer } = *opened;
+            tracing::warn!(%peer, error = %e, "closing connection: protocol error");
+            go_away_and_close(&shared, reader, wr, Code::Protocol, &e.to_string()).await;
+        }
+        Err(OpenError::Failed(e)) => tracing::debug!(%peer, error = %e, "connection failed while opening"),
+    }
+}
+
+/// A connection past its handshake and preambles.
+struct Opened<R, W> {
+    reader: FrameReader<R>,
+    wr: W,
+    peer: String,
+}
+
+enum OpenError<R, W> {
+    /// The peer's preamble is not Volley's (or not this version's): it gets a go-away.
+    BadPreamble(Box<Opened<R, W>>, ProtocolError),
+    /// A failed handshake, or the peer left: nothing to tell it.
+    Failed(String),
+}
+
+type OpenResult<S> = Result<
+    Opened<<S as ByteStream>::Read, <S as ByteStream>::Write>,
+    OpenError<<S as ByteStream>::Read, <S as ByteStream>::Write>,
+>;
+
+/// Runs the handshake, sends our preamble (at once, as the protocol says) and waits for the
+/// client's.
+async fn open<S: ByteStream, H: Handshake<S>>(
+    shared: &Shared,
+    stream: S,
+    handshake: &H,
+) -> OpenResult<H::Stream> {
+    let failed = |e: &dyn std::fmt::Display| OpenError::Failed(e.to_string());
+    let stream = handshake.run(stream).await.map_err(|e| failed(&format!("handshake: {e}")))?;
+    let peer = stream.peer();
+    let (rd, mut wr) = stream.into_halves();
+    // Flushed: a TLS session may hold the bytes back, and a client may wait for them.
+    wr.write_all(&PREAMBLE).await.map_err(|e| failed(&e))?;
+    wr.flush().await.map_err(|e| failed(&e))?;
+    let mut reader = FrameReader::new(rd, shared.config.limits).with_read_timeout(shared.config.read_timeout);
+    match reader.preamble().await {
+        Ok(true) => Ok(Opened { reader, wr, peer }),
+        Ok(false) => Err(failed(&"peer closed the connection before its preamble")),
+        Err(ReadError::Protocol(e)) => Err(OpenError::BadPreamble(Box::new(Opened { reader, wr, peer }), e)),
+        Err(e) => Err(failed(&e)),
+    }
+}
+
+/// Serves an opened connection until the peer leaves, breaks the protocol, or the server shuts
+/// down. `_served` holds its place among the served connections.
+async fn serve<R: ReadHalf, W: AsyncWrite + Send + Unpin + 'static>(
+    shared: Arc<Shared>,
+    mut reader: FrameReader<R>,
+    wr: W,
+    peer: String,
+    _served: Served,
+) {
+    let outbox = Arc::new(Outbox::new(shared.config.limits));
     let mut writer = {
         let (outbox, shared) = (outbox.clone(), shared.clone());
-        tokio::spawn(async move { outbox.write_loop(wr, &shared.counters, true).await })
+        tokio::spawn(async move { outbox.write_loop(wr, &shared.counters, false).await })
     };
     // Handler batches that did not finish on their first poll run as tasks tracked here, so
     // the connection closes only after their replies are queued.
     let inflight = TaskTracker::new();
-    let mut reader = FrameReader::new(rd, limits).with_read_timeout(shared.config.read_timeout);
     let mut batch = Vec::new();
     let mut dispatch = Dispatch { peer: Some(peer.as_str().into()), ..Dispatch::default() };
     let mut authenticated = shared.config.tokens.is_empty();
@@ -141,12 +222,23 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
         }
     }
     outbox.close();
-    let written = tokio::select! {
-        r = &mut writer => Some(r),
-        _ = async {
-            shared.abort.cancelled().await;
-            tokio::time::sleep(LINGER).await;
-        } => None,
+    // The writer finishes what is queued, unless the peer stops reading: one that takes no
+    // byte for a read timeout (it may have half-closed and gone) must not hold the task and
+    // its unsent replies forever.
+    let stall = shared.config.read_timeout.unwrap_or(DEFAULT_WRITE_STALL);
+    let written = loop {
+        let progress = outbox.bytes_written();
+        tokio::select! {
+            r = &mut writer => break Some(r),
+            _ = async {
+                shared.abort.cancelled().await;
+                tokio::time::sleep(LINGER).await;
+            } => break None,
+            () = tokio::time::sleep(stall) => if outbox.bytes_written() == progress {
+                tracing::info!(%peer, ?stall, "closing connection: the peer reads nothing");
+                break None;
+            },
+        }
     };
     match written {
         Some(Ok(Ok(()))) => {}
@@ -172,19 +264,20 @@ fn check_auth(tokens: &[Vec<u8>], batch: &[Message]) -> Result<(), &'static str>
     }
 }
 
-/// Refuses a connection over the server's connection limit: a go-away, then close.
-pub(super) async fn refuse<S: ByteStream>(shared: Arc<Shared>, stream: S) {
-    let peer = stream.peer();
-    let max = shared.config.max_connections.unwrap_or(0);
-    tracing::warn!(%peer, max, "refusing connection: connection limit reached");
-    let (rd, wr) = stream.into_halves();
-    let limits = shared.config.limits;
-    let outbox = Outbox::new(limits);
-    let why = format!("server is at its limit of {max} connections");
-    let _ = outbox.push(|fb| fb.go_away(Code::Overloaded, &why));
+/// Sends a go-away and closes: for a connection that is refused or broke the protocol before
+/// being served.
+async fn go_away_and_close<R: ReadHalf, W: AsyncWrite + Unpin>(
+    shared: &Shared,
+    mut reader: FrameReader<R>,
+    wr: W,
+    code: Code,
+    why: &str,
+) {
+    let outbox = Outbox::new(shared.config.limits);
+    let _ = outbox.push(|fb| fb.go_away(code, why));
     outbox.close();
-    let _ = tokio::time::timeout(LINGER, outbox.write_loop(wr, &shared.counters, true)).await;
-    FrameReader::new(rd, limits).drain(LINGER).await;
+    let _ = tokio::time::timeout(LINGER, outbox.write_loop(wr, &shared.counters, false)).await;
+    reader.drain(LINGER).await;
 }
 
 /// The error a request still running at a shutdown's drain deadline gets. Its handler may have
@@ -193,6 +286,9 @@ const DROPPED_AT_DEADLINE: &str = "the server shut down: its drain deadline pass
 
 /// Unsent reply bytes above which a connection stops reading requests until its peer catches up.
 const MAX_UNSENT: usize = 16 << 20;
+
+/// Without a read timeout, how long a closing connection waits for its peer to read anything.
+const DEFAULT_WRITE_STALL: Duration = Duration::from_secs(30);
 
 /// How long a connection we close keeps reading (and discarding) so its go-away arrives.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -370,7 +466,7 @@ impl Dispatch {
             Err(status) => return self.errors.push((id, status)),
         };
         let n = items.len().max(1);
-        if t.shared.room() < n {
+        if !t.shared.admits_chunk(n) {
             return self.errors.push((id, t.shared.overloaded()));
         }
         let max_batch = t.shared.config.max_batch;

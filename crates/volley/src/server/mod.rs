@@ -11,6 +11,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admission;
 mod conn;
 pub(crate) mod handler;
 pub(crate) mod inproc;
@@ -34,7 +35,8 @@ use crate::proto::Limits;
 use crate::stats::{Counters, Snapshot};
 use crate::transport::Address;
 use crate::transport::inproc as registry;
-use crate::transport::stream::Listener;
+use crate::transport::stream::{Handshake, Listener, Plain};
+use admission::Admission;
 use handler::{BatchResult, Route, Router, TypedHandler};
 
 pub use handler::BatchResult as HandlerBatchResult;
@@ -61,10 +63,18 @@ pub struct ServerConfig {
     /// closed (a stalled or malicious peer must not hold a buffer and a task forever). An idle
     /// connection between frames is not affected. Default 30 s; `None`: no limit.
     pub read_timeout: Option<Duration>,
-    /// Most connections served at once (unix and tcp listeners together). A connection over
-    /// the limit gets a go-away ([`Code::Overloaded`](crate::Code)) and is closed. Default
-    /// 10,000; `None`: no limit.
+    /// Most connections served at once (every listener together). A connection over the
+    /// limit gets a go-away ([`Code::Overloaded`](crate::Code)) and is closed. Connections
+    /// still opening do not count (see `max_handshakes`). Default 10,000; `None`: no limit.
     pub max_connections: Option<usize>,
+    /// Most connections still opening at once: in their TLS handshake, or not yet past the
+    /// client's 8-byte preamble. When all are taken, the oldest opening connection is closed to
+    /// make room for the newcomer, so connections that never finish opening (a flood of
+    /// connects that send nothing) cannot keep real clients out. Default 1,024.
+    pub max_handshakes: usize,
+    /// How long a connection may take to open (TLS handshake and preamble) before it is
+    /// closed. Default 10 s.
+    pub handshake_timeout: Duration,
     /// Pings on idle connections, to find peers that died without closing. Default: a ping
     /// after 30 s without traffic, the connection closed if nothing arrives 20 s after it.
     pub keepalive: Option<Keepalive>,
@@ -85,12 +95,27 @@ impl Default for ServerConfig {
             offload_min_bytes: 64 << 10,
             read_timeout: Some(Duration::from_secs(30)),
             max_connections: Some(10_000),
+            max_handshakes: 1024,
+            handshake_timeout: Duration::from_secs(10),
             keepalive: Some(Keepalive::default()),
             tokens: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,
         }
     }
+}
+
+/// A server's connections at one moment (see [`Server::connections`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionCounts {
+    /// Connections being served (past their handshake and preamble).
+    pub served: usize,
+    /// Connections still opening: in their TLS handshake, or before the client's preamble.
+    pub opening: usize,
+    /// Opening connections closed so far to make room for newer ones (the handshake bound was
+    /// full).
+    pub opening_evicted: u64,
 }
 
 /// Keepalive settings: after `interval` without receiving anything, send a ping; if nothing
@@ -192,6 +217,14 @@ impl ServerBuilder {
         self
     }
 
+    /// Most connections still opening (TLS handshake, preamble) at once, and how long one may
+    /// take. See [`ServerConfig::max_handshakes`].
+    pub fn handshakes(mut self, max: usize, timeout: Duration) -> Self {
+        self.config.max_handshakes = max.max(1);
+        self.config.handshake_timeout = timeout;
+        self
+    }
+
     /// Keepalive pings on idle connections (`None`: off).
     pub fn keepalive(mut self, k: Option<Keepalive>) -> Self {
         self.config.keepalive = k;
@@ -220,7 +253,7 @@ impl ServerBuilder {
                 counters: Counters::default(),
                 shutdown: CancellationToken::new(),
                 abort: CancellationToken::new(),
-                connections: AtomicUsize::new(0),
+                admission: Arc::default(),
                 tasks: TaskTracker::new(),
                 runtime: OnceLock::new(),
                 bound: Mutex::new(Vec::new()),
@@ -255,8 +288,8 @@ pub(crate) struct Shared {
     /// Cancelled when a shutdown's drain deadline passes: work still running is dropped and
     /// its connections closed.
     pub(crate) abort: CancellationToken,
-    /// Connections being served now.
-    pub(crate) connections: AtomicUsize,
+    /// Connections opening and served now, and their bounds.
+    pub(crate) admission: Arc<Admission>,
     /// Accept loops, connections, inproc dispatchers and handler batches still running.
     pub(crate) tasks: TaskTracker,
     runtime: OnceLock<Handle>,
@@ -269,6 +302,13 @@ impl Shared {
     /// How many more requests may be queued.
     pub(crate) fn room(&self) -> usize {
         self.config.max_queued.saturating_sub(self.queued.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Whether a batch request of `n` items may be queued: it fits in the room left, or nothing
+    /// is queued at all. The second case keeps every chunk the protocol allows (65,536 items)
+    /// servable whatever `max_queued` is: alone, it cannot pile up behind anything.
+    pub(crate) fn admits_chunk(&self, n: usize) -> bool {
+        n <= self.room() || self.queued.load(std::sync::atomic::Ordering::Relaxed) == 0
     }
 
     pub(crate) fn overloaded(&self) -> Status {
@@ -309,7 +349,7 @@ impl Server {
                     .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
                 let local = l.local_addr().map_err(|e| Error::io("local address", e))?;
                 let shared = self.shared.clone();
-                self.shared.spawn(accept_loop(shared, l));
+                self.shared.spawn(accept_loop(shared, l, Plain));
                 Address::Tcp(local.to_string())
             }
             #[cfg(feature = "tls")]
@@ -324,7 +364,7 @@ impl Server {
                     .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
                 let local = l.local_addr().map_err(|e| Error::io("local address", e))?;
                 let shared = self.shared.clone();
-                self.shared.spawn(accept_loop_tls(shared, l, tls));
+                self.shared.spawn(accept_loop(shared, l, tls));
                 Address::Tls(local.to_string())
             }
             #[cfg(not(feature = "tls"))]
@@ -338,7 +378,7 @@ impl Server {
                 remove_stale_socket(path).await;
                 let l = UnixListener::bind(path).map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
                 let shared = self.shared.clone();
-                self.shared.spawn(accept_loop(shared, l));
+                self.shared.spawn(accept_loop(shared, l, Plain));
                 addr.clone()
             }
         };
@@ -396,6 +436,11 @@ impl Server {
         self.shared.counters.snapshot()
     }
 
+    /// How many connections the server serves and has opening now.
+    pub fn connections(&self) -> ConnectionCounts {
+        self.shared.admission.counts()
+    }
+
     /// Addresses this server is listening on.
     pub fn addresses(&self) -> Vec<Address> {
         self.shared.bound.lock().clone()
@@ -437,20 +482,17 @@ pub(crate) fn with_peer<R>(peer: Option<&Arc<str>>, f: impl FnOnce() -> R) -> R 
 /// After the drain deadline, how long aborted connections get to send their go-away and close.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
-async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {
+/// Accepts connections and runs each in a task of its own: its handshake (none, or TLS) and
+/// preamble under the opening bound, then serving it.
+async fn accept_loop<L: Listener, H: Handshake<L::Stream>>(shared: Arc<Shared>, listener: L, handshake: H) {
     loop {
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break,
             r = listener.accept() => match r {
                 Ok(stream) => {
-                    let n = shared.connections.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                    if shared.config.max_connections.is_some_and(|max| n >= max) {
-                        shared.connections.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                        shared.spawn(conn::refuse(shared.clone(), stream));
-                    } else {
-                        shared.spawn(conn::serve(shared.clone(), stream));
-                    }
+                    let ticket = shared.admission.opening(shared.config.max_handshakes);
+                    shared.spawn(conn::accept(shared.clone(), stream, handshake.clone(), ticket));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: say so, back off, keep serving.
@@ -459,54 +501,6 @@ async fn accept_loop(shared: Arc<Shared>, listener: impl Listener) {
                 }
             },
         }
-    }
-}
-
-/// Accepts tcp connections and runs each one's TLS handshake in its own task (a slow or
-/// hostile handshake holds up nothing else), bounded by the read timeout (10 s without one).
-#[cfg(feature = "tls")]
-async fn accept_loop_tls(shared: Arc<Shared>, listener: TcpListener, tls: crate::transport::tls::TlsServer) {
-    use std::sync::atomic::Ordering::AcqRel;
-    loop {
-        let tcp = tokio::select! {
-            biased;
-            _ = shared.shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = tcp.set_nodelay(true);
-        let n = shared.connections.fetch_add(1, AcqRel);
-        let over = shared.config.max_connections.is_some_and(|max| n >= max);
-        let (shared2, tls) = (shared.clone(), tls.clone());
-        shared.spawn(async move {
-            let peer = tcp.peer_addr().map(|a| format!("tls://{a}")).unwrap_or_else(|_| "tls://?".into());
-            let limit = shared2.config.read_timeout.unwrap_or(Duration::from_secs(10));
-            let stream = match tokio::time::timeout(limit, tls.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
-                    shared2.connections.fetch_sub(1, AcqRel);
-                    return;
-                }
-                Err(_) => {
-                    tracing::warn!(%peer, ?limit, "TLS handshake timed out");
-                    shared2.connections.fetch_sub(1, AcqRel);
-                    return;
-                }
-            };
-            if over {
-                shared2.connections.fetch_sub(1, AcqRel);
-                conn::refuse(shared2, stream).await;
-            } else {
-                conn::serve(shared2, stream).await;
-            }
-        });
     }
 }
 

@@ -8,6 +8,7 @@
 //! number of messages.
 
 use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes};
@@ -28,6 +29,9 @@ pub struct Outbox {
     state: Mutex<State>,
     /// Signalled after every write, for producers waiting for the queue to shrink.
     drained: tokio::sync::Notify,
+    /// Bytes written to the socket so far: a connection closing tells a peer that reads
+    /// slowly from one that reads nothing.
+    written: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -53,6 +57,7 @@ impl Outbox {
                 reported: (0, 0),
             }),
             drained: tokio::sync::Notify::new(),
+            written: AtomicU64::new(0),
         }
     }
 
@@ -102,8 +107,9 @@ impl Outbox {
         }
     }
 
-    pub fn is_closed(&self) -> bool {
-        self.state.lock().closed
+    /// Bytes the writer has written so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     /// Ready once something is queued or the outbox is closed.
@@ -178,15 +184,20 @@ impl Outbox {
             // answer before this task runs again, and a reply must never be seen before the
             // request it answers is counted. A failed write ends the connection anyway.
             counters.sent(frames, messages, bytes);
-            write_segments(wr, &mut segs).await?;
+            write_segments(wr, &mut segs, &self.written).await?;
             self.drained.notify_waiters();
         }
         wr.shutdown().await
     }
 }
 
-/// Writes all segments, vectored when there are several.
-async fn write_segments<W: AsyncWrite + Unpin>(wr: &mut W, segs: &mut Vec<Bytes>) -> io::Result<()> {
+/// Writes all segments, vectored when there are several, adding what each write took to
+/// `written`.
+async fn write_segments<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    segs: &mut Vec<Bytes>,
+    written: &AtomicU64,
+) -> io::Result<()> {
     let mut first = 0;
     while first < segs.len() {
         let n = if segs.len() - first == 1 {
@@ -202,6 +213,7 @@ async fn write_segments<W: AsyncWrite + Unpin>(wr: &mut W, segs: &mut Vec<Bytes>
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
+        written.fetch_add(n as u64, Ordering::Relaxed);
         let mut n = n;
         while n > 0 {
             let len = segs[first].len();

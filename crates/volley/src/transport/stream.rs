@@ -62,6 +62,24 @@ impl ByteStream for UnixStream {
     }
 }
 
+/// What turns an accepted socket into the byte stream the protocol runs over: nothing for unix
+/// and tcp, a TLS handshake for `tls://`. The server bounds how long it may take.
+pub trait Handshake<S>: Clone + Send + Sync + 'static {
+    type Stream: ByteStream;
+    fn run(&self, accepted: S) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+/// No handshake: the accepted socket is the stream.
+#[derive(Debug, Clone, Copy)]
+pub struct Plain;
+
+impl<S: ByteStream + Send> Handshake<S> for Plain {
+    type Stream = S;
+    async fn run(&self, accepted: S) -> io::Result<S> {
+        Ok(accepted)
+    }
+}
+
 /// A listening socket that yields byte streams.
 pub trait Listener: Send + Sync + 'static {
     type Stream: ByteStream;
