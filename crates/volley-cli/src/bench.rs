@@ -20,6 +20,7 @@ use volley::registry::{
 use volley::{BatchOptions, Client, Method, Server, ServiceClient, Snapshot};
 
 use crate::echo::{ECHO, method_named, server_named};
+use crate::hostile::{self, Hostile};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -79,6 +80,18 @@ pub struct BenchArgs {
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
     raw: bool,
+    /// One hostile client beside the callers, on a connection of its own: `noread` pipelines
+    /// 1 KiB requests and never reads a reply, `pipeline` pipelines frames of 1,000 requests
+    /// without end. Every round measures the callers without it, then with it.
+    #[arg(long, value_enum)]
+    hostile: Option<Hostile>,
+    /// Measurements of each kind, interleaved (with --hostile: clean, hostile, clean, ...).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Each caller waits this long after every call (0: calls back to back). With
+    /// `--concurrency 1 --pace-ms 10`, one connection calling every 10 ms.
+    #[arg(long, default_value_t = 0)]
+    pace_ms: u64,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -196,6 +209,13 @@ struct Report {
     /// memory grows means the allocator is keeping freed memory, not that the program leaks.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     heap_samples_kb: Vec<u64>,
+    /// The hostile client beside the callers in this measurement (null: none).
+    hostile: Option<Hostile>,
+    /// Bytes the hostile client wrote to the server (warm-up and measured window).
+    hostile_bytes_sent: Option<u64>,
+    /// CPU time of the in-process server's thread over the measured window, in percent of
+    /// one core (with `--runtime split` only).
+    server_cpu_pct: Option<f64>,
 }
 
 /// Checks `--mode` and the flags that go with it; returns the registry mode and the call
@@ -234,6 +254,15 @@ fn plan(args: &BenchArgs) -> Result<(RegistryMode, Vec<Style>), String> {
     }
     if mode != RegistryMode::None && args.transport == Transport::Tls {
         return Err("--transport tls measures a server by address, without a registry".into());
+    }
+    if args.hostile.is_some()
+        && (mode != RegistryMode::None
+            || args.raw
+            || matches!(args.transport, Transport::Inproc | Transport::Tls))
+    {
+        return Err(
+            "--hostile needs a tcp or unix server by address (no --raw, registry, inproc or tls)".into()
+        );
     }
     Ok((mode, styles))
 }
@@ -352,6 +381,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             let server_thread = std::thread::Builder::new()
                 .name("volley-server".into())
                 .spawn(move || -> Result<(), String> {
+                    server_cpu::register_this_thread();
                     let rt = current_thread()?;
                     rt.block_on(async move {
                         if server_args.raw {
@@ -398,8 +428,12 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             print_report(report);
         }
     }
+    if args.hostile.is_some() && !args.json {
+        print_hostile_summary(&reports);
+    }
     if let [single, batch] = &reports[..]
         && !args.json
+        && args.hostile.is_none()
     {
         let ratio = batch.items_per_s / single.items_per_s.max(f64::MIN_POSITIVE);
         println!("batch/single: {ratio:.1}x the requests per second");
@@ -558,10 +592,26 @@ async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
     };
     let caller = caller.map(Arc::new);
     let mut reports = Vec::new();
+    let kinds: &[Option<Hostile>] = match &args.hostile {
+        Some(h) => &[None, Some(*h)],
+        None => &[None],
+    };
     for style in styles {
-        reports.push(measure(&target, caller.clone(), &transport, registry_mode, &args, style).await?);
+        for _ in 0..args.rounds.max(1) {
+            for &hostile in kinds {
+                let run = Run { style, hostile };
+                reports.push(measure(&target, caller.clone(), &transport, registry_mode, &args, run).await?);
+            }
+        }
     }
     Ok(reports)
+}
+
+/// What one measurement varies.
+#[derive(Clone, Copy)]
+struct Run {
+    style: Style,
+    hostile: Option<Hostile>,
 }
 
 /// One measurement: warm up, measure, gather the callers' histograms.
@@ -571,14 +621,21 @@ async fn measure(
     transport: &str,
     registry_mode: RegistryMode,
     args: &BenchArgs,
-    style: Style,
+    Run { style, hostile }: Run,
 ) -> Result<Report, String> {
+    let hostile = match (hostile, target) {
+        (Some(kind), Target::Plain(addr)) => {
+            Some(hostile::Running::start(kind, addr, &args.service, ECHO.name())?)
+        }
+        _ => None,
+    };
     // A static payload: cloning it costs no reference counting, so the figures measure Volley
     // rather than the load generator (the server's replies are still real buffers).
     let payload = Bytes::from_static(Vec::leak(vec![0xA5u8; args.payload]));
     let batch_size = if style == Style::Single { 1 } else { args.batch_size.max(1) };
     let opts = BatchOptions::default().chunk_size(args.chunk_size);
     let phase = Arc::new(AtomicU8::new(WARMUP));
+    let pace = Duration::from_millis(args.pace_ms);
     let mut callers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
         let (payload, phase) = (payload.clone(), phase.clone());
@@ -587,6 +644,7 @@ async fn measure(
                 let c = c.clone();
                 let mut turn = 0u64;
                 tokio::spawn(caller_loop(
+                    pace,
                     move || {
                         let (c, p) = (c.clone(), payload.clone());
                         turn += 1;
@@ -601,6 +659,7 @@ async fn measure(
             (None, Target::Plain(addr)) => {
                 let conn = Arc::new(raw::connect(addr).await?);
                 tokio::spawn(caller_loop(
+                    pace,
                     move || {
                         let (conn, p) = (conn.clone(), payload.clone());
                         async move {
@@ -619,7 +678,7 @@ async fn measure(
     let counters = || caller.as_ref().map(|c| c.counters()).unwrap_or_default();
     let registry = || caller.as_ref().map(|c| c.registry()).unwrap_or_default();
     let (before, registry_before) = (counters(), registry());
-    let cpu_before = process_cpu_seconds();
+    let (cpu_before, server_cpu_before) = (process_cpu_seconds(), server_cpu::seconds());
     let start = Instant::now();
     phase.store(MEASURE, Ordering::Relaxed);
     let rss_start = rss_kb();
@@ -643,6 +702,7 @@ async fn measure(
     phase.store(STOP, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
     let cpu_seconds = process_cpu_seconds() - cpu_before;
+    let server_cpu_pct = server_cpu::seconds().zip(server_cpu_before).map(|(a, b)| (a - b) / seconds * 100.0);
     let (after, registry_after) = (counters(), registry());
     let mut hist = new_histogram();
     let (mut calls, mut items, mut errors, mut first_error) = (0, 0, 0, None);
@@ -657,6 +717,7 @@ async fn measure(
     if let Some(e) = first_error {
         eprintln!("first error: {e}");
     }
+    let hostile_bytes_sent = hostile.map(|h| h.stop().0);
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     let frames_sent = after.frames_sent - before.frames_sent;
     let messages_sent = after.messages_sent - before.messages_sent;
@@ -695,6 +756,9 @@ async fn measure(
         rss_samples_kb: rss_samples,
         heap_samples_kb: heap_samples,
         rss_growth_pct: if rss_start == 0 { 0.0 } else { (rss_end as f64 / rss_start as f64 - 1.0) * 100.0 },
+        hostile: hostile_bytes_sent.and(args.hostile),
+        hostile_bytes_sent,
+        server_cpu_pct,
     })
 }
 
@@ -718,7 +782,7 @@ fn scheme(addr: &str) -> String {
     addr.split("://").next().unwrap_or("?").to_string()
 }
 
-async fn caller_loop<F, Fut>(mut call: F, phase: Arc<AtomicU8>) -> CallerResult
+async fn caller_loop<F, Fut>(pace: Duration, mut call: F, phase: Arc<AtomicU8>) -> CallerResult
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Outcome>,
@@ -734,7 +798,12 @@ where
         let outcome = call().await;
         let t1 = Instant::now();
         let ns = (t1 - t0).as_nanos() as u64;
-        t0 = t1;
+        if pace.is_zero() {
+            t0 = t1;
+        } else {
+            tokio::time::sleep(pace).await;
+            t0 = Instant::now();
+        }
         if outcome.failed > 0 {
             r.errors += outcome.failed;
             r.first_error = r.first_error.or(outcome.error);
@@ -757,7 +826,13 @@ fn print_report(r: &Report) {
         "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}",
         r.transport, r.payload, r.concurrency, r.runtime, r.mode
     );
+    if let (Some(h), Some(sent)) = (r.hostile, r.hostile_bytes_sent) {
+        println!("  beside a hostile client ({h:?}) that wrote {:.1} MiB", sent as f64 / (1 << 20) as f64);
+    }
     println!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
+    if let Some(cpu) = r.server_cpu_pct {
+        println!("  server thread CPU: {cpu:.1}% of a core");
+    }
     if r.mode != Style::Single {
         println!("  {:.0} requests/s; latency below is per call (a batch call counts once)", r.items_per_s);
     }
@@ -784,6 +859,62 @@ fn print_report(r: &Report) {
             r.lookups,
             r.registry_messages
         );
+    }
+}
+
+/// CPU time of the in-process server's thread (`--runtime split`), read from another thread
+/// through the thread's CPU clock.
+mod server_cpu {
+    use std::sync::OnceLock;
+
+    static CLOCK: OnceLock<libc::clockid_t> = OnceLock::new();
+
+    /// Called on the server's thread before it starts serving.
+    pub fn register_this_thread() {
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: pthread_self is always valid; the call writes only `clock`.
+        if unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) } == 0 {
+            let _ = CLOCK.set(clock);
+        }
+    }
+
+    /// CPU seconds the server's thread has used (None without a registered server thread).
+    pub fn seconds() -> Option<f64> {
+        let clock = *CLOCK.get()?;
+        // SAFETY: clock_gettime writes only the struct we pass; zeroed is a valid timespec.
+        let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+        (unsafe { libc::clock_gettime(clock, &mut t) } == 0).then(|| t.tv_sec as f64 + t.tv_nsec as f64 / 1e9)
+    }
+}
+
+/// With `--hostile`: the callers' figures without and with the hostile client, as medians of
+/// the rounds, and their ratio.
+fn print_hostile_summary(reports: &[Report]) {
+    let median = |with: bool, f: fn(&Report) -> f64| {
+        let mut v: Vec<f64> = reports.iter().filter(|r| r.hostile.is_some() == with).map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let Some(kind) = reports.iter().find_map(|r| r.hostile) else { return };
+    let rounds = reports.iter().filter(|r| r.hostile.is_some()).count();
+    let (clean, beside) = (median(false, |r| r.calls_per_s), median(true, |r| r.calls_per_s));
+    let (p99_clean, p99_beside) = (median(false, |r| r.p99_us), median(true, |r| r.p99_us));
+    let (max_clean, max_beside) = (median(false, |r| r.max_us), median(true, |r| r.max_us));
+    println!("hostile client ({kind:?}), medians of {rounds} interleaved rounds:");
+    println!(
+        "  calls/s {clean:.0} without, {beside:.0} beside it: {:.1}%",
+        beside / clean.max(f64::MIN_POSITIVE) * 100.0
+    );
+    println!(
+        "  p99 us {p99_clean:.1} without, {p99_beside:.1} beside it; max us {max_clean:.1} and {max_beside:.1}"
+    );
+    let cpu = |with| reports.iter().filter(|r| r.hostile.is_some() == with).find_map(|r| r.server_cpu_pct);
+    if cpu(true).is_some() {
+        let (a, b) = (
+            median(false, |r| r.server_cpu_pct.unwrap_or(0.0)),
+            median(true, |r| r.server_cpu_pct.unwrap_or(0.0)),
+        );
+        println!("  server thread CPU {a:.1}% without, {b:.1}% beside it");
     }
 }
 

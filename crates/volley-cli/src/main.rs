@@ -5,6 +5,7 @@ mod bench;
 mod codec_bench;
 mod controller;
 mod echo;
+mod hostile;
 mod idle_bench;
 mod large_bench;
 mod pools_bench;
