@@ -63,6 +63,11 @@ run
 check "the first run succeeds" "$status" 0
 check "the first run refreshes the package lists" "$calls" "*apt-get update*"
 check "the first run installs etcd-server" "$calls" "*apt-get install*etcd-server*"
+if [ "$EUID" -eq 0 ]; then
+    check "as root, apt-get runs without sudo" "$calls" "apt-get update*"
+else
+    check "as a user, apt-get runs through sudo" "$calls" "sudo env DEBIAN_FRONTEND=noninteractive apt-get update*"
+fi
 check "the first run says what it installed" "$out" "*installed: etcd-server*"
 check "the first run runs the shell tests" "$calls" "*shell test ran*"
 check "the first run runs every Rust test" "$calls" "*cargo test --workspace -- --include-ignored"
