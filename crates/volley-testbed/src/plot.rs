@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -84,8 +85,30 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
             .label(name.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
     }
-    // The published figures over each group: a line for a single figure, a grey band between
-    // two lines for a range (the query cut).
+    draw_published(&mut chart)?;
+    chart.draw_series(MEASURES.iter().enumerate().map(|(m, name)| {
+        Text::new(
+            *name,
+            (m as f64 + 0.5, low - 1.0),
+            ("sans-serif", 16).into_font().into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Top)),
+        )
+    }))?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The published figures over each measure's group: a line for a single figure, a grey band
+/// between two lines for a range (the query cut).
+fn draw_published(chart: &mut Chart<'_, '_>) -> Result<(), Box<dyn std::error::Error>> {
     let marks = published_marks();
     chart.draw_series(marks.iter().filter(|m| m.low < m.high).map(|m| {
         Rectangle::new(
@@ -106,21 +129,6 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
             published::range_text(PUBLISHED.query_cut_pct)
         ))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
-    chart.draw_series(MEASURES.iter().enumerate().map(|(m, name)| {
-        Text::new(
-            *name,
-            (m as f64 + 0.5, low - 1.0),
-            ("sans-serif", 16).into_font().into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Top)),
-        )
-    }))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 15))
-        .draw()?;
-    root.present()?;
     Ok(())
 }
 
