@@ -1,10 +1,11 @@
 //! `volley bench`: the echo benchmark.
 //!
-//! N concurrent callers share one connection and call `echo/echo` in a loop for a fixed time
-//! after a warm-up — single calls, or `call_batch` of `--batch-size` requests. Latency of every
-//! call goes into an HDR histogram; throughput is calls (and requests) completed inside the
-//! measured window divided by its length. Frames and messages sent by the client show how well
-//! bundling works (messages per frame).
+//! N concurrent callers share one connection (through a registry in direct mode: one per
+//! instance) and call `echo/echo` in a loop for a fixed time after a warm-up — single calls, or
+//! `call_batch` of `--batch-size` requests. Latency of every call goes into an HDR histogram;
+//! throughput is calls (and requests) completed inside the measured window divided by its
+//! length. Frames and messages sent by the client show how well bundling works (messages per
+//! frame).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -54,7 +55,8 @@ pub struct BenchArgs {
     /// Payload size in bytes.
     #[arg(long, default_value_t = 64)]
     payload: usize,
-    /// Concurrent callers, all sharing one connection.
+    /// Concurrent callers, sharing one connection (through a registry in direct mode: one
+    /// connection per instance; with --raw: one connection each).
     #[arg(long, default_value_t = 256)]
     concurrency: usize,
     /// Measured seconds (after the warm-up).
@@ -823,8 +825,13 @@ fn print_report(r: &Report) {
         Style::Single => String::new(),
     };
     println!(
-        "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}",
-        r.transport, r.payload, r.concurrency, r.runtime, r.mode
+        "{} echo, {} B payload, {} callers {}, runtime {:?}, {:?} calls{batch}",
+        r.transport,
+        r.payload,
+        r.concurrency,
+        how_callers_connect(&r.transport, r.registry_mode),
+        r.runtime,
+        r.mode
     );
     if let (Some(h), Some(sent)) = (r.hostile, r.hostile_bytes_sent) {
         println!("  beside a hostile client ({h:?}) that wrote {:.1} MiB", sent as f64 / (1 << 20) as f64);
@@ -859,6 +866,16 @@ fn print_report(r: &Report) {
             r.lookups,
             r.registry_messages
         );
+    }
+}
+
+/// How the callers reach the server, for the report's header.
+fn how_callers_connect(transport: &str, registry: RegistryMode) -> &'static str {
+    match registry {
+        RegistryMode::Direct => "through the registry, one connection per instance",
+        RegistryMode::Relayed => "relayed through the controller",
+        RegistryMode::None if transport == "raw-tcp" => "each on its own connection",
+        RegistryMode::None => "on one connection",
     }
 }
 
@@ -972,5 +989,18 @@ mod raw {
                 Ok(reply.into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_says_how_the_callers_connect() {
+        assert_eq!(how_callers_connect("tcp", RegistryMode::None), "on one connection");
+        assert_eq!(how_callers_connect("raw-tcp", RegistryMode::None), "each on its own connection");
+        assert!(how_callers_connect("tcp", RegistryMode::Direct).contains("one connection per instance"));
+        assert!(how_callers_connect("tcp", RegistryMode::Relayed).contains("through the controller"));
     }
 }

@@ -91,10 +91,11 @@ enum Command {
     /// `volley bench codec` benchmarks the codec tiers instead; `volley bench large` the
     /// large-payload path.
     Bench(BenchCommand),
-    /// The search-engine testbed of seeds/000 §8 — Document, LA, Index shards and Main as
-    /// Volley services — run over a matrix of configurations (relayed or direct, single calls
-    /// or batches, codec tier), reporting indexing and query time, messages and bytes, and the
-    /// cuts against the baseline (relayed + single calls + general codec). Every
+    /// The search-engine testbed of the 2009 MF message-framework report — Document, LA, Index
+    /// shards and Main as Volley services — run over a matrix of configurations (relayed or
+    /// direct, single calls or batches, codec tier), reporting indexing and query time,
+    /// messages and bytes, and the cuts against the baseline (the old design's way: relayed,
+    /// single calls, general codec) next to the cuts the report published. Every
     /// configuration's answers must agree (and match a brute-force scan on the synthetic
     /// corpus), or the command fails naming the first differing query.
     Testbed(testbed::TestbedArgs),

@@ -1,5 +1,5 @@
-//! `volley testbed`: the seed's search-engine testbed (seeds/000 §8) over Volley, with its
-//! report; `volley testbed-role` is the hidden subcommand a role process runs.
+//! `volley testbed`: the search-engine testbed of the 2009 MF message-framework report, over
+//! Volley, with its report; `volley testbed-role` is the hidden subcommand a role process runs.
 
 use std::path::PathBuf;
 
@@ -17,7 +17,7 @@ pub enum ModeArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum CodecArg {
-    /// JSON (the seed's general serialization).
+    /// JSON (the general tier, self-describing; the baseline's codec).
     General,
     /// bitcode.
     Fast,

@@ -1,7 +1,10 @@
 //! The registry on a real etcd: several controllers over one etcd acting as one registry,
 //! leases that lapse in etcd, controller failover, etcd going down and coming back, client ids
 //! unique across controllers and restarts, compaction. Each test starts its own etcd
-//! (tests/common); without an etcd binary they skip (and fail on CI).
+//! (tests/common), so each is ignored unless the run asks for ignored tests: `scripts/test`
+//! installs etcd and runs them all (`cargo test -- --include-ignored`). Asked for without etcd,
+//! they fail naming the fix; they never pass without it. The `harness` module at the end
+//! checks that.
 
 mod common;
 
@@ -92,8 +95,9 @@ fn set(items: &[&String]) -> HashSet<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn a_registration_through_controller_a_is_seen_through_b_and_its_removal_is_pushed() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let etcd = Etcd::start().await;
     let (a, a_addr) = controller(&etcd, "visible").await;
     let (b, b_addr) = controller(&etcd, "visible").await;
     assert_eq!(a.epoch(), b.epoch(), "controllers over one etcd prefix share an epoch");
@@ -142,8 +146,9 @@ impl Drop for KillOnDrop {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn a_server_whose_process_is_killed_disappears_when_its_lease_lapses() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let etcd = Etcd::start().await;
     let (a, a_addr) = controller(&etcd, "killed").await;
     let registry = Registry::connect(&a_addr).await.unwrap();
     let mut child = KillOnDrop(
@@ -178,8 +183,9 @@ async fn a_server_whose_process_is_killed_disappears_when_its_lease_lapses() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn killing_controller_a_moves_clients_and_servers_to_b_and_calls_go_on() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let etcd = Etcd::start().await;
     let (a, a_addr) = controller(&etcd, "failover").await;
     let (b, b_addr) = controller(&etcd, "failover").await;
     let both = format!("{a_addr},{b_addr}");
@@ -229,8 +235,9 @@ async fn killing_controller_a_moves_clients_and_servers_to_b_and_calls_go_on() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn with_etcd_down_clients_call_from_the_cache_and_when_it_is_back_the_state_converges() {
-    let Some(mut etcd) = Etcd::start().await else { return };
+    let mut etcd = Etcd::start().await;
     let (a, a_addr) = controller(&etcd, "outage").await;
     let registry = Registry::connect(&a_addr).await.unwrap();
     let (s1, s1_addr, _r1) = instance(&registry, "i1").await;
@@ -289,8 +296,9 @@ async fn with_etcd_down_clients_call_from_the_cache_and_when_it_is_back_the_stat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn a_thousand_client_ids_through_two_controllers_at_once_are_distinct_and_never_reused() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let etcd = Etcd::start().await;
     let (a, a_addr) = controller(&etcd, "ids").await;
     let (b, b_addr) = controller(&etcd, "ids").await;
     let via = [Registry::connect(&a_addr).await.unwrap(), Registry::connect(&b_addr).await.unwrap()];
@@ -321,8 +329,9 @@ async fn a_thousand_client_ids_through_two_controllers_at_once_are_distinct_and_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn a_watch_whose_revision_was_compacted_relists_and_converges() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let etcd = Etcd::start().await;
     let behind = store(&etcd, "compact").await;
     let writer = store(&etcd, "compact").await;
     let lease = writer.grant(Duration::from_secs(30)).await.unwrap();
@@ -368,8 +377,9 @@ async fn a_watch_whose_revision_was_compacted_relists_and_converges() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn with_one_of_three_etcd_members_down_the_registry_carries_on() {
-    let Some(mut members) = Etcd::start_cluster(3).await else { return };
+    let mut members = Etcd::start_cluster(3).await;
     let url = Etcd::cluster_url(&members, "members");
     let config = EtcdConfig { id_block: 4, ..EtcdConfig::parse(&url).unwrap() };
     let store = EtcdStore::connect(config).await.unwrap();
@@ -411,4 +421,83 @@ async fn with_one_of_three_etcd_members_down_the_registry_carries_on() {
     wait_for(PATIENCE, "the client to drop i2", async || cached(&client) == set(&[&s1_addr])).await;
     s1.shutdown().await;
     c.shutdown().await;
+}
+
+/// What keeps the tests above from passing without etcd: they are ignored by default, a run
+/// that asks for them without etcd fails naming the fix, and CI cannot leave them out.
+mod harness {
+    use std::process::Command;
+
+    use crate::common::locate_etcd;
+
+    /// The names of this binary's tests: all of them, or only the ignored ones.
+    fn listed(only_ignored: bool) -> Vec<String> {
+        let mut list = Command::new(std::env::current_exe().unwrap());
+        list.arg("--list");
+        if only_ignored {
+            list.arg("--ignored");
+        }
+        let out = list.output().unwrap();
+        assert!(out.status.success(), "--list: {}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        stdout.lines().filter_map(|l| l.strip_suffix(": test")).map(String::from).collect()
+    }
+
+    /// Run without etcd and without scripts/test, no test that needs etcd reports a pass:
+    /// every test here but the harness's own is ignored, so the summary counts it as ignored
+    /// (and `cargo test` prints the reason next to its name).
+    #[test]
+    fn every_test_that_needs_etcd_is_ignored_by_default() {
+        let all = listed(false);
+        let needs_etcd: Vec<&String> = all.iter().filter(|t| !t.starts_with("harness::")).collect();
+        assert!(needs_etcd.len() >= 7, "too few tests listed: {all:?}");
+        let ignored = listed(true);
+        assert_eq!(ignored.iter().collect::<Vec<_>>(), needs_etcd, "ignored tests against the etcd ones");
+    }
+
+    /// Asked for where there is no etcd, a test fails (`Etcd::start` panics with this message)
+    /// and the message names the fix; where there is one, it is found.
+    #[test]
+    fn a_missing_etcd_is_an_error_that_names_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let nowhere = dir.path().join("not-here");
+        let err = locate_etcd(None, Some(dir.path().into()), &nowhere).unwrap_err();
+        assert!(err.contains("run scripts/test") && err.contains("etcd-server"), "{err}");
+        let err = locate_etcd(Some(nowhere.clone().into()), Some(dir.path().into()), &nowhere).unwrap_err();
+        assert!(err.contains("VOLLEY_ETCD_BIN"), "{err}");
+
+        let on_path = dir.path().join("etcd");
+        std::fs::write(&on_path, "").unwrap();
+        assert_eq!(locate_etcd(None, Some(dir.path().into()), &nowhere), Ok(on_path.clone()));
+        assert_eq!(locate_etcd(None, None, &on_path), Ok(on_path.clone()), "the fallback");
+        let explicit = dir.path().join("etcd-3.5");
+        std::fs::write(&explicit, "").unwrap();
+        let found = locate_etcd(Some(explicit.clone().into()), Some(dir.path().into()), &on_path);
+        assert_eq!(found, Ok(explicit), "VOLLEY_ETCD_BIN wins over PATH");
+    }
+
+    /// Why a run may not leave the ignored tests out: on CI (`CI=true`) the etcd tests must run.
+    fn ci_refusal(ci: Option<&str>, args: &[&str]) -> Option<String> {
+        let runs_ignored = args.iter().any(|a| *a == "--include-ignored" || *a == "--ignored");
+        (ci == Some("true") && !runs_ignored).then(|| {
+            "CI=true, but this run leaves the etcd tests out (they are ignored by default): \
+             run scripts/test, which installs etcd and passes --include-ignored"
+                .to_string()
+        })
+    }
+
+    /// On CI nothing is skipped: a `cargo test` without `--include-ignored` fails here.
+    #[test]
+    fn on_ci_a_run_without_the_etcd_tests_fails() {
+        let args: Vec<String> = std::env::args().collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if let Some(why) = ci_refusal(std::env::var("CI").ok().as_deref(), &args) {
+            panic!("{why}");
+        }
+        assert!(ci_refusal(Some("true"), &["etcd-tests"]).is_some());
+        assert!(ci_refusal(Some("true"), &["etcd-tests", "--include-ignored"]).is_none());
+        assert!(ci_refusal(Some("true"), &["etcd-tests", "--ignored"]).is_none());
+        assert!(ci_refusal(None, &["etcd-tests"]).is_none());
+        assert!(ci_refusal(Some("false"), &["etcd-tests"]).is_none());
+    }
 }

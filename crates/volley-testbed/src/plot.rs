@@ -5,10 +5,12 @@
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::report::{Report, SEED_BYTES_PCT, SEED_INDEX_CUT, SEED_QUERY_CUT};
+use crate::published::{self, PUBLISHED};
+use crate::report::Report;
 
 const MEASURES: [&str; 5] =
     ["indexing time", "high-freq. query time", "low-freq. query time", "messages", "bytes"];
@@ -49,7 +51,6 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
             )
         })
         .collect();
-    let seed = [SEED_INDEX_CUT, SEED_QUERY_CUT.0, SEED_QUERY_CUT.0, f64::NAN, 100.0 - SEED_BYTES_PCT];
     let low = bars.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0f64, f64::min).floor().max(-200.0);
 
     let root = BitMapBackend::new(path, (1200, 650)).into_drawing_area();
@@ -84,13 +85,7 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
             .label(name.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
     }
-    // The seed's figures as black markers over each group (its query cut: the lower bound).
-    chart
-        .draw_series(seed.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(m, &v)| {
-            PathElement::new(vec![(m as f64 + 0.05, v), (m as f64 + 0.95, v)], BLACK.stroke_width(2))
-        }))?
-        .label("seed (MF-full, new vs old)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
+    draw_published(&mut chart)?;
     chart.draw_series(MEASURES.iter().enumerate().map(|(m, name)| {
         Text::new(
             *name,
@@ -107,4 +102,118 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The published figures over each measure's group: a line for a single figure, a grey band
+/// between two lines for a range (the query cut).
+fn draw_published(chart: &mut Chart<'_, '_>) -> Result<(), Box<dyn std::error::Error>> {
+    let marks = published_marks();
+    chart.draw_series(marks.iter().filter(|m| m.low < m.high).map(|m| {
+        Rectangle::new(
+            [(m.measure as f64 + 0.05, m.low), (m.measure as f64 + 0.95, m.high)],
+            BLACK.mix(0.15).filled(),
+        )
+    }))?;
+    chart
+        .draw_series(
+            marks
+                .iter()
+                .flat_map(|m| [m.low, m.high].map(|v| (m.measure as f64, v)))
+                .map(|(x, v)| PathElement::new(vec![(x + 0.05, v), (x + 0.95, v)], BLACK.stroke_width(2))),
+        )?
+        .label(format!(
+            "{} (queries: the range {})",
+            published::LABEL,
+            published::range_text(PUBLISHED.query_cut_pct)
+        ))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
+    Ok(())
+}
+
+/// A published figure drawn over a measure's group: from `low` to `high` (equal for a single
+/// figure), in % cut.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mark {
+    /// Index into the plot's measures.
+    pub measure: usize,
+    pub low: f64,
+    pub high: f64,
+}
+
+/// What the plot draws of the published figures: the same cuts as the table's published row.
+pub fn published_marks() -> Vec<Mark> {
+    let cuts = PUBLISHED.cuts().into_iter().enumerate();
+    cuts.filter_map(|(measure, cut)| cut.map(|(low, high)| Mark { measure, low, high })).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::corpus::CorpusSpec;
+    use crate::report::COLUMNS;
+    use crate::run::Setup;
+
+    /// The table's published row, cell by cell (by the columns' widths), as numbers per measure:
+    /// each cut column, and bytes as a cut (100 − the "of base" cell).
+    fn table_figures() -> [Option<(f64, f64)>; 5] {
+        let setup = Setup {
+            corpus: CorpusSpec::Synthetic { docs: 10, seed: 1 },
+            shards: 1,
+            queries: 1,
+            query_seed: 1,
+            processes: false,
+            exe: None,
+            progress: false,
+        };
+        let report = Report {
+            setup,
+            docs: 10,
+            outcomes: Vec::new(),
+            oracle_checked: false,
+            mismatch: None,
+            wall_s: 0.0,
+        };
+        let table = report.table();
+        let row: Vec<char> =
+            table.lines().find(|l| l.starts_with(published::LABEL)).unwrap().chars().collect();
+        let mut at = 26;
+        let cells: Vec<String> = COLUMNS
+            .iter()
+            .map(|(_, width)| {
+                let cell: String = row.get(at + 1..at + 1 + width).unwrap_or_default().iter().collect();
+                at += 1 + width;
+                cell.trim().trim_end_matches('%').to_string()
+            })
+            .collect();
+        let number = |s: &str| s.parse::<f64>().unwrap_or_else(|e| panic!("{s:?}: {e}\n{table}"));
+        let range = |cell: &String| {
+            (!cell.is_empty()).then(|| match cell.split_once('–') {
+                Some((low, high)) => (number(low), number(high)),
+                None => (number(cell), number(cell)),
+            })
+        };
+        let bytes = range(&cells[9]).map(|(low, high)| (100.0 - high, 100.0 - low));
+        [range(&cells[1]), range(&cells[3]), range(&cells[5]), range(&cells[7]), bytes]
+    }
+
+    #[test]
+    fn the_plot_draws_the_published_figures_of_the_table() {
+        let table = table_figures();
+        let mut drawn = [None; 5];
+        for m in published_marks() {
+            drawn[m.measure] = Some((m.low, m.high));
+        }
+        for (measure, (t, d)) in MEASURES.iter().zip(table.iter().zip(drawn)) {
+            let same = match (t, d) {
+                (Some(t), Some(d)) => (t.0 - d.0).abs() < 1e-9 && (t.1 - d.1).abs() < 1e-9,
+                (t, d) => t.is_none() && d.is_none(),
+            };
+            assert!(same, "{measure}: the table shows {t:?}, the plot draws {d:?}");
+        }
+        // The query cut is drawn as a range over both query groups.
+        assert!(drawn[1].is_some_and(|(low, high)| low < high), "{drawn:?}");
+        assert_eq!(drawn[1], drawn[2]);
+    }
 }

@@ -42,8 +42,9 @@ async fn main() -> volley::Result<()> {
 
     let hits = client.call(&SEARCH, Query { terms: vec!["volley".into(), "rust".into()], k: 3 }).await?;
     println!("{bound}: {hits:?}");
+    // An empty query on purpose: the handler's error comes back as a typed error of this call.
     let err = client.call(&SEARCH, Query { terms: vec![], k: 3 }).await.unwrap_err();
-    println!("{bound}: {err}");
+    println!("{bound}: an empty query, sent on purpose, is refused: {err}");
 
     server.shutdown().await;
     Ok(())

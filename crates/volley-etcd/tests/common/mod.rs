@@ -1,15 +1,20 @@
 //! A real etcd server for the tests: started on 127.0.0.1 with free ports and a temporary data
-//! directory, killed when dropped. Without an etcd binary the tests skip with a message saying
-//! how to install one — except on CI (`CI=true`), where they fail.
+//! directory, killed when dropped. The tests that need one are ignored unless the run asks for
+//! ignored tests (`scripts/test` does, after installing etcd); asked for without an etcd
+//! binary, they fail with a message that names the fix. They never pass without etcd.
 
 #![allow(dead_code)]
 
+use std::ffi::OsString;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use volley_etcd::pb;
+
+/// Where Debian's etcd-server package puts etcd, for a `PATH` without /usr/bin.
+const DEBIAN_ETCD: &str = "/usr/bin/etcd";
 
 pub struct Etcd {
     bin: PathBuf,
@@ -22,16 +27,39 @@ pub struct Etcd {
     initial_cluster: String,
 }
 
-fn find_etcd() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("VOLLEY_ETCD_BIN") {
-        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+/// The etcd binary: `explicit` (the `VOLLEY_ETCD_BIN` variable) if set, else `etcd` on `path`
+/// (the `PATH` variable), else `fallback`. The error says what was looked at and how to fix it.
+pub fn locate_etcd(
+    explicit: Option<OsString>,
+    path: Option<OsString>,
+    fallback: &Path,
+) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "VOLLEY_ETCD_BIN is {}, which is not a file: point it at an etcd binary",
+                p.display()
+            ))
+        };
     }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("etcd"))
-        .find(|p| p.is_file());
-    on_path.or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|p| p.is_file()))
+    let on_path = path.iter().flat_map(std::env::split_paths).map(|d| d.join("etcd")).find(|p| p.is_file());
+    on_path.or_else(|| Some(fallback.to_path_buf()).filter(|p| p.is_file())).ok_or_else(|| {
+        format!(
+            "this test needs etcd, and there is none on PATH or at {}: run scripts/test, which \
+             installs it (apt-get install etcd-server) and runs every test; or set VOLLEY_ETCD_BIN",
+            fallback.display()
+        )
+    })
+}
+
+/// The etcd binary of this machine, or a panic that names the fix.
+fn etcd_binary() -> PathBuf {
+    let found =
+        locate_etcd(std::env::var_os("VOLLEY_ETCD_BIN"), std::env::var_os("PATH"), DEBIAN_ETCD.as_ref());
+    found.unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn free_port() -> u16 {
@@ -39,23 +67,15 @@ fn free_port() -> u16 {
 }
 
 impl Etcd {
-    /// A running etcd, or `None` (the test should return) when there is no etcd binary here.
-    pub async fn start() -> Option<Etcd> {
-        let mut members = Etcd::start_cluster(1).await?;
-        members.pop()
+    /// A running etcd. Panics when there is no etcd binary here (see [`locate_etcd`]).
+    pub async fn start() -> Etcd {
+        let mut members = Etcd::start_cluster(1).await;
+        members.pop().unwrap()
     }
 
     /// A cluster of `n` members on 127.0.0.1, each with its own ports and data directory.
-    pub async fn start_cluster(n: usize) -> Option<Vec<Etcd>> {
-        let Some(bin) = find_etcd() else {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!(
-                    "no etcd binary on PATH or at /usr/bin/etcd: CI must run the etcd tests (.ci/run installs etcd-server)"
-                );
-            }
-            eprintln!("skipping: install etcd (apt-get install etcd-server)");
-            return None;
-        };
+    pub async fn start_cluster(n: usize) -> Vec<Etcd> {
+        let bin = etcd_binary();
         let mut members: Vec<Etcd> = (0..n)
             .map(|i| Etcd {
                 bin: bin.clone(),
@@ -77,7 +97,7 @@ impl Etcd {
         for m in &mut members {
             m.wait_ready().await;
         }
-        Some(members)
+        members
     }
 
     fn data_dir(&self) -> &Path {

@@ -41,7 +41,7 @@ impl Address {
         let bad = |reason: &str| Error::InvalidAddress { addr: s.to_string(), reason: reason.into() };
         let (scheme, rest) = s
             .split_once("://")
-            .ok_or_else(|| bad("expected SCHEME://..., with scheme inproc, unix or tcp"))?;
+            .ok_or_else(|| bad("expected SCHEME://..., with scheme inproc, unix, tcp or tls"))?;
         match scheme {
             "inproc" if !rest.is_empty() => Ok(Address::Inproc(rest.to_string())),
             "inproc" => Err(bad("inproc:// needs a name")),
@@ -117,5 +117,7 @@ mod tests {
             assert!(matches!(Address::parse(bad), Err(Error::InvalidAddress { .. })), "{bad}");
         }
         assert_eq!(Address::parse("unix:///tmp/s").unwrap().to_string(), "unix:///tmp/s");
+        let no_scheme = Address::parse("127.0.0.1:80").unwrap_err().to_string();
+        assert!(["inproc", "unix", "tcp", "tls"].iter().all(|s| no_scheme.contains(s)), "{no_scheme}");
     }
 }

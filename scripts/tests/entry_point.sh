@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Tests of scripts/test on a fake machine: a copy of the script in a scratch tree, run with a
+# PATH that holds only fakes of apt-get, sudo and cargo (which log their arguments) and env.
+# The fake apt-get "installs" etcd-server by putting an etcd on that PATH, so the tests see
+# what a fresh machine sees whether or not this machine has etcd. Run by scripts/test; alone:
+# bash scripts/tests/entry_point.sh
+set -euo pipefail
+repo="$(cd "${BASH_SOURCE[0]%/*}/../.." && pwd)"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+bin="$scratch/bin"
+log="$scratch/log"
+mkdir -p "$bin" "$scratch/tree/scripts/tests"
+cp "$repo/scripts/test" "$scratch/tree/scripts/test"
+# A shell test in the scratch tree, to see that the entry point runs scripts/tests too.
+echo "echo 'shell test ran' >>'$log'" >"$scratch/tree/scripts/tests/fake.sh"
+ln -s "$(command -v env)" "$bin/env"
+
+fake() {
+    printf '#!%s\n%s\n' "$BASH" "$2" >"$bin/$1"
+    chmod +x "$bin/$1"
+}
+fake apt-get "echo \"apt-get \$*\" >>'$log'
+if [[ \" \$* \" == *' install '*' etcd-server '* && -z \${FAKE_BROKEN_PACKAGE:-} ]]; then
+    printf '#!/bin/sh\n' >'$bin/etcd' && /bin/chmod +x '$bin/etcd'
+fi"
+fake sudo "echo \"sudo \$*\" >>'$log'; exec \"\$@\""
+fake cargo "echo \"cargo \$*\" >>'$log'
+echo \"test result: ok. 3 passed; 0 failed; \${FAKE_IGNORED:-0} ignored; 0 measured; 0 filtered out\"
+exit \${FAKE_CARGO_STATUS:-0}"
+
+failures=0
+checks=0
+# check DESCRIPTION TEXT PATTERN: TEXT matches the glob PATTERN.
+check() {
+    checks=$((checks + 1))
+    # shellcheck disable=SC2053 # the pattern is a glob on purpose
+    if [[ $2 != $3 ]]; then
+        failures=$((failures + 1))
+        printf 'FAILED: %s\n  expected: %s\n  got:\n%s\n' "$1" "$3" "$2" >&2
+    fi
+}
+
+# Runs the copy of scripts/test on the fake machine; sets $out (its output) and $status, and
+# $calls (what the fakes were asked to do).
+run() {
+    : >"$log"
+    status=0
+    out="$(PATH="$bin" "$BASH" "$scratch/tree/scripts/test" "$@" 2>&1)" || status=$?
+    calls="$(<"$log")"
+}
+
+# A fresh machine, --check: it says what it would do and does nothing.
+run --check
+check "--check succeeds" "$status" 0
+check "--check names the missing package" "$out" "*etcd: missing; would install etcd-server*"
+check "--check says what would run" "$out" "*would run: cargo test --workspace -- --include-ignored*"
+check "--check installs and runs nothing" "$calls" ""
+
+# The first run installs etcd-server, then runs every suite with the ignored tests included.
+run
+check "the first run succeeds" "$status" 0
+check "the first run refreshes the package lists" "$calls" "*apt-get update*"
+check "the first run installs etcd-server" "$calls" "*apt-get install*etcd-server*"
+if [ "$EUID" -eq 0 ]; then
+    check "as root, apt-get runs without sudo" "$calls" "apt-get update*"
+else
+    check "as a user, apt-get runs through sudo" "$calls" "sudo env DEBIAN_FRONTEND=noninteractive apt-get update*"
+fi
+check "the first run says what it installed" "$out" "*installed: etcd-server*"
+check "the first run runs the shell tests" "$calls" "*shell test ran*"
+check "the first run runs every Rust test" "$calls" "*cargo test --workspace -- --include-ignored"
+
+# The second run installs nothing and runs the same tests.
+run
+check "the second run succeeds" "$status" 0
+check "the second run calls no package manager" "$calls" "shell test ran"$'\n'"cargo test --workspace -- --include-ignored"
+check "the second run finds etcd" "$out" "*etcd: present*"
+check "the second run says it installed nothing" "$out" "*installed: nothing*"
+run --check
+check "--check on a set-up machine would install nothing" "$out" "*would install: nothing*"
+
+# Arguments go to cargo test, before the harness's own.
+run etcd
+check "arguments go to cargo test" "$calls" "*cargo test --workspace etcd -- --include-ignored"
+
+# A summary that reports an ignored test, or failing tests, fail the run.
+FAKE_IGNORED=2 run
+check "an ignored test fails the run" "$status" 1
+check "an ignored test is named as the reason" "$out" "*2 test(s) reported as ignored*"
+FAKE_CARGO_STATUS=101 run
+check "failing tests fail the run" "$status" 101
+
+# Without cargo nothing is installed; a package that does not give etcd is an error.
+rm "$bin/etcd" "$bin/cargo"
+run
+check "without cargo the run fails" "$status" 1
+check "without cargo it says how to get it" "$out" "*install Rust with rustup*"
+check "without cargo nothing is installed" "$calls" ""
+fake cargo "exit 0"
+FAKE_BROKEN_PACKAGE=1 run
+check "a package without etcd fails the run" "$status" 1
+check "a package without etcd is reported" "$out" "*etcd-server is installed but there is no etcd on PATH*"
+
+if [ "$failures" -ne 0 ]; then
+    echo "scripts/tests/entry_point.sh: $failures of $checks checks failed" >&2
+    exit 1
+fi
+echo "scripts/tests/entry_point.sh: $checks checks passed"
