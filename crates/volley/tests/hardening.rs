@@ -137,7 +137,7 @@ async fn keepalive_fails_pending_calls_on_a_silent_server() {
         let mut sink = vec![0u8; 4096];
         while s.read(&mut sink).await.unwrap_or(0) > 0 {}
     });
-    let k = Keepalive { interval: Duration::from_millis(100), timeout: Duration::from_millis(200) };
+    let k = Keepalive::new(Duration::from_millis(100), Duration::from_millis(200));
     let config = ClientConfig { keepalive: Some(k), ..Default::default() };
     let c = Client::connect_with(&format!("tcp://{addr}"), config).await.unwrap();
     let t0 = Instant::now();
@@ -156,7 +156,7 @@ async fn keepalive_fails_pending_calls_on_a_silent_server() {
 /// pinged, then closed; a volley client on the same server answers pings and stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_keepalive_closes_a_peer_that_does_not_answer_pings() {
-    let k = Keepalive { interval: Duration::from_millis(100), timeout: Duration::from_millis(200) };
+    let k = Keepalive::new(Duration::from_millis(100), Duration::from_millis(200));
     let s = server().keepalive(Some(k)).build();
     let addr = s.listen("tcp://127.0.0.1:0").await.unwrap();
     let live =

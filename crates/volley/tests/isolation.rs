@@ -317,7 +317,7 @@ fn a_connection_that_does_not_open_in_time_is_closed() {
 #[test]
 fn the_read_timeout_fires_whatever_keepalive_does() {
     let t = Duration::from_millis(300);
-    let keepalive = Keepalive { interval: t, timeout: Duration::from_secs(30) };
+    let keepalive = Keepalive::new(t, Duration::from_secs(30));
     let served =
         Served::start(echo_server().read_timeout(Some(t)).keepalive(Some(keepalive)), "tcp://127.0.0.1:0");
     let peers: Vec<_> = (0..240)
@@ -388,7 +388,7 @@ fn a_batch_request_at_the_item_limit_is_served_by_an_idle_default_server() {
 #[test]
 fn a_peer_that_half_closes_and_reads_nothing_is_let_go() {
     let t = Duration::from_millis(300);
-    let keepalive = Keepalive { interval: t, timeout: t };
+    let keepalive = Keepalive::new(t, t);
     let served =
         Served::start(echo_server().read_timeout(Some(t)).keepalive(Some(keepalive)), "tcp://127.0.0.1:0");
     let mut s = StdTcp::connect(served.host_port()).unwrap();

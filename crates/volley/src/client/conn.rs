@@ -12,6 +12,7 @@ use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use super::pending::{Inserted, Pending, Reply, waiter};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
+use crate::liveness::{Action, Keepalive, Liveness};
 use crate::method::Method;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
 use crate::proto::message::as_str;
@@ -20,6 +21,7 @@ use crate::stats::Counters;
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::stream::ByteStream;
+use tokio::time::Instant;
 
 pub(crate) struct StreamConn {
     /// Cancelled when the connection fails: stops the reader and the keepalive task.
@@ -59,7 +61,7 @@ pub(crate) struct ConnOptions {
     pub limits: Limits,
     pub flow: FlowLimits,
     pub token: Option<Vec<u8>>,
-    pub keepalive: Option<crate::server::Keepalive>,
+    pub keepalive: Option<Keepalive>,
 }
 
 /// Flow-control settings of a connection (see [`ClientConfig`](super::ClientConfig)).
@@ -185,30 +187,30 @@ impl StreamConn {
 
     /// Pings when nothing arrived for `k.interval`; fails the connection (and with it every
     /// pending call, once) when nothing arrives within `k.timeout` after the ping.
-    async fn keepalive_loop(self: Arc<Self>, k: crate::server::Keepalive) {
-        let mut seen = self.reads.load(Ordering::Relaxed);
-        let mut ping_out = false;
+    async fn keepalive_loop(self: Arc<Self>, k: Keepalive) {
+        let mut live = Liveness::new(k, Instant::now().into_std());
         loop {
-            let wait = if ping_out { k.timeout } else { k.interval };
             tokio::select! {
                 _ = self.dead.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep_until(Instant::from_std(live.deadline())) => {}
             }
-            let now = self.reads.load(Ordering::Relaxed);
-            if now != seen {
-                (seen, ping_out) = (now, false);
-            } else if !ping_out {
-                if self.outbox.push(|fb| fb.ping(now)).is_err() {
+            let reads = self.reads.load(Ordering::Relaxed);
+            match live.poll(Instant::now().into_std(), reads) {
+                Action::Wait => {}
+                Action::Ping => {
+                    if self.outbox.push(|fb| fb.ping(reads)).is_err() {
+                        return;
+                    }
+                }
+                Action::Dead => {
+                    tracing::warn!(peer = %self.peer, "connection dead: no answer to a keepalive ping");
+                    self.fail(Error::Connection(format!(
+                        "{}: no answer to a keepalive ping within {:?}",
+                        self.peer,
+                        live.timeout()
+                    )));
                     return;
                 }
-                ping_out = true;
-            } else {
-                tracing::warn!(peer = %self.peer, "connection dead: no answer to a keepalive ping");
-                self.fail(Error::Connection(format!(
-                    "{}: no answer to a keepalive ping within {:?}",
-                    self.peer, k.timeout
-                )));
-                return;
             }
         }
     }

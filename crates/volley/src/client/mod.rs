@@ -63,7 +63,7 @@ pub struct ClientConfig {
     /// Pings when nothing arrived for a while, to find a server (or network path) that died
     /// without closing: pending calls then fail with a connection error. Default: a ping after
     /// 30 s without traffic, the connection declared dead 20 s after it. `None`: off.
-    pub keepalive: Option<crate::server::Keepalive>,
+    pub keepalive: Option<crate::Keepalive>,
     /// TLS settings for `tls://` addresses (feature `tls`).
     #[cfg(feature = "tls")]
     pub tls: Option<crate::transport::tls::TlsClient>,
@@ -80,7 +80,7 @@ impl Default for ClientConfig {
             max_in_flight_bytes: 64 << 20,
             shared_sequence: None,
             token: None,
-            keepalive: Some(crate::server::Keepalive::default()),
+            keepalive: Some(crate::Keepalive::default()),
             #[cfg(feature = "tls")]
             tls: None,
         }

@@ -17,6 +17,7 @@ use super::admission::{OpeningTicket, Served};
 use super::handler::{ReplyWriter, TurnBox};
 use super::offload::offloaded;
 use crate::error::Status;
+use crate::liveness::{Action, Liveness};
 use crate::pool::{self, arena, arena::Bump};
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Message, PREAMBLE, ProtocolError};
@@ -24,6 +25,7 @@ use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::stream::{ByteStream, Handshake, ReadHalf};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
 enum End {
     PeerClosed,
@@ -142,12 +144,13 @@ async fn serve<R: ReadHalf, W: AsyncWrite + Send + Unpin + 'static>(
     let mut batch = Vec::new();
     let mut dispatch = Dispatch { peer: Some(peer.as_str().into()), ..Dispatch::default() };
     let mut authenticated = shared.config.tokens.is_empty();
-    // Keepalive without a clock read per batch: a timer fires every interval and compares a
-    // count of reads with the count it saw last time.
-    let keepalive = shared.config.keepalive;
-    let tick = tokio::time::sleep(keepalive.map_or(Duration::from_secs(3600), |k| k.interval));
+    // Keepalive counts reads (no clock read per batch); its timer wakes the loop to decide.
+    let mut liveness = shared.config.keepalive.map(|k| Liveness::new(k, Instant::now().into_std()));
+    // Without keepalive the branch is disabled, and the timer's instant does not matter.
+    let first = liveness.as_ref().map_or_else(Instant::now, |l| Instant::from_std(l.deadline()));
+    let tick = tokio::time::sleep_until(first);
     tokio::pin!(tick);
-    let (mut reads, mut reads_seen, mut ping_out) = (0u64, 0u64, false);
+    let mut reads = 0u64;
     let end = loop {
         let read = tokio::select! {
             biased;
@@ -157,19 +160,16 @@ async fn serve<R: ReadHalf, W: AsyncWrite + Send + Unpin + 'static>(
                 reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters).await
             } => r,
             _ = shared.shutdown.cancelled() => break End::Shutdown,
-            () = &mut tick, if keepalive.is_some() => {
-                let k = keepalive.expect("checked by the branch condition");
-                let now = tokio::time::Instant::now();
-                if reads != reads_seen {
-                    (reads_seen, ping_out) = (reads, false);
-                    tick.as_mut().reset(now + k.interval);
-                } else if !ping_out {
-                    let _ = outbox.push(|fb| fb.ping(reads));
-                    ping_out = true;
-                    tick.as_mut().reset(now + k.timeout);
-                } else {
-                    break End::Dead;
+            () = &mut tick, if liveness.is_some() => {
+                let live = liveness.as_mut().expect("checked by the branch condition");
+                match live.poll(Instant::now().into_std(), reads) {
+                    Action::Wait => {}
+                    Action::Ping => {
+                        let _ = outbox.push(|fb| fb.ping(reads));
+                    }
+                    Action::Dead => break End::Dead,
                 }
+                tick.as_mut().reset(Instant::from_std(live.deadline()));
                 continue;
             }
         };

@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::codec::Wire;
 use crate::error::{Error, Status};
+use crate::liveness::Keepalive;
 use crate::method::Method;
 use crate::proto::Limits;
 use crate::stats::{Counters, Snapshot};
@@ -116,20 +117,6 @@ pub struct ConnectionCounts {
     /// Opening connections closed so far to make room for newer ones (the handshake bound was
     /// full).
     pub opening_evicted: u64,
-}
-
-/// Keepalive settings: after `interval` without receiving anything, send a ping; if nothing
-/// arrives within `timeout` after it, declare the peer dead and close the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keepalive {
-    pub interval: Duration,
-    pub timeout: Duration,
-}
-
-impl Default for Keepalive {
-    fn default() -> Self {
-        Keepalive { interval: Duration::from_secs(30), timeout: Duration::from_secs(20) }
-    }
 }
 
 /// Registers handlers, then builds a [`Server`].
