@@ -73,11 +73,6 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Volley's memory pools (`on`, the default) or the allocation behaviour from before them
-    /// (`off`: a system allocation per completion, receive and send buffers released to the
-    /// system when idle, boxed handler futures per turn). Same as `VOLLEY_POOLS=0`.
-    #[arg(long, value_enum, default_value_t = Pools::On)]
-    pools: Pools,
     /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
@@ -94,13 +89,6 @@ pub struct BenchArgs {
     /// `--concurrency 1 --pace-ms 10`, one connection calling every 10 ms.
     #[arg(long, default_value_t = 0)]
     pace_ms: u64,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Pools {
-    On,
-    Off,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -187,8 +175,6 @@ struct Report {
     /// Messages the client sent to and received from the controller in the measured window
     /// (in relayed mode every call's request and reply).
     registry_messages: u64,
-    /// Whether Volley's memory pools were on.
-    pools: bool,
     /// The binary's global allocator (`system`, `mimalloc`, `jemalloc`).
     global_allocator: &'static str,
     /// CPU time (user + system) of the whole process — client and, when in-process, server —
@@ -362,7 +348,6 @@ impl Caller {
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
-    volley::pool::set_enabled(args.pools == Pools::On && volley::pool::enabled());
     if args.raw && (args.connect.is_some() || args.transport != Transport::Tcp) {
         return Err("--raw runs its own bare tcp echo: use it with --transport tcp, without --connect".into());
     }
@@ -748,7 +733,6 @@ async fn measure(
         service: (registry_mode != RegistryMode::None).then(|| args.service.clone()),
         lookups: registry_after.0,
         registry_messages: registry_after.1 - registry_before.1,
-        pools: volley::pool::enabled(),
         global_allocator: crate::GLOBAL_ALLOCATOR,
         cpu_seconds,
         cpu_us_per_call: if calls == 0 { 0.0 } else { cpu_seconds * 1e6 / calls as f64 },

@@ -44,7 +44,6 @@ struct Report {
     /// Its resident set before the connections were opened (server listening, warmed up).
     rss_before_bytes: u64,
     rss_per_connection_bytes: f64,
-    pools: bool,
 }
 
 fn rss_bytes() -> u64 {
@@ -104,18 +103,16 @@ pub fn run(args: IdleArgs) -> Result<(), String> {
         rss_bytes: after,
         rss_before_bytes: before,
         rss_per_connection_bytes: after.saturating_sub(before) as f64 / args.connections.max(1) as f64,
-        pools: volley::pool::enabled(),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     } else {
         println!(
-            "{} idle tcp connections: server rss {:.1} MiB (before {:.1} MiB, {:.0} bytes per connection; pools {})",
+            "{} idle tcp connections: server rss {:.1} MiB (before {:.1} MiB, {:.0} bytes per connection)",
             report.connections,
             report.rss_bytes as f64 / (1 << 20) as f64,
             report.rss_before_bytes as f64 / (1 << 20) as f64,
             report.rss_per_connection_bytes,
-            if report.pools { "on" } else { "off" },
         );
     }
     Ok(())

@@ -40,7 +40,6 @@ fn bench_json_has_the_documented_keys_on_every_transport() {
             "errors",
             "frames_sent",
             "messages_sent",
-            "pools",
             "global_allocator",
             "cpu_us_per_call",
             "rss_start_kb",

@@ -233,16 +233,14 @@ pub fn global() -> &'static BufferPool {
     &GLOBAL
 }
 
-/// A buffer for `n` bytes from the global pool, or freshly allocated when the pools are off.
+/// A buffer for `n` bytes from the global pool.
 #[inline]
 pub fn get(n: usize) -> PoolBuf {
-    if super::enabled() { GLOBAL.get(n) } else { PoolBuf::unpooled(BytesMut::with_capacity(n)) }
+    GLOBAL.get(n)
 }
 
-/// Gives a buffer back to the global pool (dropped when the pools are off).
+/// Gives a buffer back to the global pool.
 #[inline]
 pub fn put(b: PoolBuf) {
-    if super::enabled() {
-        GLOBAL.put(b)
-    }
+    GLOBAL.put(b)
 }

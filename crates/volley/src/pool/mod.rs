@@ -21,48 +21,11 @@
 //!   "allocate-not-free pool"). It replaced about eight small allocations per turn (vectors of
 //!   ids, values and results, boxed futures and reply writers).
 //!
-//! **The switch.** Pools can be turned off for a before/after comparison in one binary:
-//! `VOLLEY_POOLS=0` in the environment (read once), or [`set_enabled`] before the first
-//! connection. Off means the allocation behaviour from before the pools: completion slots
-//! come from the system allocator, receive and send buffers are released to it when idle, and
-//! server turns take the boxed path of every handler.
+//!
+//! The pools are always on. Whether they pay was measured with a process-wide switch that
+//! turned them off; the figures are in docs/BENCHMARKS.md ("Memory pools"), and the switch is
+//! gone: a global read on the path of every message does not belong in the product.
 
 pub mod arena;
 pub mod buffer;
 pub mod object;
-
-use std::sync::atomic::{AtomicU8, Ordering};
-
-const UNSET: u8 = 0;
-const ON: u8 = 1;
-const OFF: u8 = 2;
-
-static STATE: AtomicU8 = AtomicU8::new(UNSET);
-
-/// Whether the pools are in use (default: yes; `VOLLEY_POOLS=0`, `off` or `false` turns them
-/// off).
-#[inline]
-pub fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        ON => true,
-        OFF => false,
-        _ => init_from_env(),
-    }
-}
-
-#[cold]
-fn init_from_env() -> bool {
-    let on = !matches!(
-        std::env::var("VOLLEY_POOLS").as_deref().map(str::trim),
-        Ok("0") | Ok("off") | Ok("false") | Ok("no")
-    );
-    let _ = STATE.compare_exchange(UNSET, if on { ON } else { OFF }, Ordering::Relaxed, Ordering::Relaxed);
-    STATE.load(Ordering::Relaxed) == ON
-}
-
-/// Turns the pools on or off for the whole process. Meant to be called once, before the first
-/// connection (benchmarks compare both in one binary); connections already open keep the
-/// buffers they hold.
-pub fn set_enabled(on: bool) {
-    STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
-}

@@ -218,9 +218,9 @@ pub trait SlotPool<T: Send + 'static>: Sized + 'static {
     fn pool() -> &'static ObjectPool<Slot<T>>;
 }
 
-/// Makes a one-shot from a pooled slot (or a fresh one when the pools are off).
+/// Makes a one-shot from a pooled slot.
 pub fn completion<T: Send + 'static, P: SlotPool<T>>() -> (Completer<T, P>, Completion<T, P>) {
-    let slot = if super::enabled() { P::pool().take(Slot::new) } else { Box::new(Slot::new()) };
+    let slot = P::pool().take(Slot::new);
     slot.refs.store(2, Ordering::Relaxed);
     slot.state.store(EMPTY, Ordering::Relaxed);
     let ptr = Box::into_raw(slot);
@@ -319,9 +319,7 @@ unsafe fn release<T: Send + 'static, P: SlotPool<T>>(ptr: *mut Slot<T>) {
     let b = unsafe { Box::from_raw(ptr) };
     b.state.store(EMPTY, Ordering::Relaxed);
     drop(b.waker.take());
-    if super::enabled() {
-        P::pool().give(b);
-    }
+    P::pool().give(b);
 }
 
 /// A pool with room for a busy connection's worth of slots per thread.

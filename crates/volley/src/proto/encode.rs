@@ -21,7 +21,7 @@ pub const ZERO_COPY_MIN: usize = 16 * 1024;
 /// can start decoding the first part of a big bundle while the rest is still in flight.
 pub const SOFT_FRAME_LEN: usize = 256 * 1024;
 
-/// With the pools on, the send buffer comes from the buffer pool in this size, and is swapped
+/// The send buffer comes from the buffer pool in this size, and is swapped
 /// for a fresh one from the pool when less than [`SEND_LOW`] is left.
 const SEND_CHUNK: usize = 64 * 1024;
 const SEND_LOW: usize = 4 * 1024;
@@ -41,8 +41,8 @@ pub enum BuildError<E> {
 #[derive(Debug)]
 pub struct FrameBuilder {
     limits: Limits,
-    /// Bytes not yet handed to the writer, starting at a frame boundary. With the pools on,
-    /// from the buffer pool (see [`FrameBuilder::release_buffer`]).
+    /// Bytes not yet handed to the writer, starting at a frame boundary. From the
+    /// buffer pool (see [`FrameBuilder::release_buffer`]).
     buf: PoolBuf,
     /// Finished segments queued before `buf`: zero-copy payloads, and frames moved out when
     /// `buf` ran out of room while the writer was behind.
@@ -263,15 +263,7 @@ impl FrameBuilder {
         }
     }
 
-    /// Releases the send buffer's memory if it grew beyond `keep` bytes (after a burst of large
-    /// messages), so an idle connection does not pin it.
-    pub fn shrink_to(&mut self, keep: usize) {
-        if self.is_empty() && self.buf.capacity() > keep {
-            self.buf = PoolBuf::default();
-        }
-    }
-
-    /// Gives the send buffer back to the buffer pool if nothing is queued (pools on), so an idle
+    /// Gives the send buffer back to the buffer pool if nothing is queued, so an idle
     /// connection holds no send buffer; the next message takes one again.
     pub fn release_buffer(&mut self) {
         if self.is_empty() && self.buf.capacity() > 0 {
@@ -279,7 +271,7 @@ impl FrameBuilder {
         }
     }
 
-    /// With the pools on, a send buffer with little room left is swapped for one from the pool
+    /// A send buffer with little room left is swapped for one from the pool
     /// and given back: the writer may still be writing from it, and the pool reuses it once
     /// that is done (`reserve` would allocate from the system instead). What it holds is never
     /// copied: the open frame is closed and everything moves to `segments` as one frozen slice.
@@ -288,7 +280,7 @@ impl FrameBuilder {
     /// (a profile of 160,000 pipelined requests spent most of its time in that memmove).
     #[inline]
     fn ensure_room(&mut self) {
-        if self.buf.capacity() - self.buf.len() >= SEND_LOW || !pool::enabled() {
+        if self.buf.capacity() - self.buf.len() >= SEND_LOW {
             return;
         }
         self.close_frame();

@@ -18,7 +18,7 @@ use super::handler::{ReplyWriter, TurnBox};
 use super::offload::offloaded;
 use crate::error::Status;
 use crate::liveness::{Action, Liveness};
-use crate::pool::{self, arena, arena::Bump};
+use crate::pool::{arena, arena::Bump};
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Message, PREAMBLE, ProtocolError};
 use crate::transport::outbox::Outbox;
@@ -313,7 +313,7 @@ struct Dispatch {
 enum Ready<'a> {
     /// A synchronous handler's, in the turn's arena.
     Turn(TurnBox<'a>),
-    /// An async handler's (or any handler's with the pools off).
+    /// An async handler's.
     Boxed(Box<dyn ReplyWriter>),
 }
 
@@ -439,7 +439,6 @@ impl Dispatch {
         // A synchronous handler runs right here, its scratch in the turn's arena (large
         // payloads go to the codec pool below instead).
         if !large
-            && pool::enabled()
             && let Some(replies) =
                 super::with_peer(self.peer.as_ref(), || route.erased.call_sync(&mut self.group, t.arena))
         {

@@ -18,8 +18,6 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use crate::proto::{FrameBuilder, Limits, PREAMBLE};
 use crate::stats::Counters;
 
-/// After a burst of large messages, an idle send buffer keeps at most this much memory.
-const IDLE_KEEP: usize = 64 * 1024;
 /// Most segments handed to one `writev`.
 const MAX_IOV: usize = 64;
 
@@ -118,12 +116,8 @@ impl Outbox {
         if !st.builder.is_empty() || st.closed {
             return Poll::Ready(());
         }
-        if crate::pool::enabled() {
-            // Idle: the send buffer goes back to the pool.
-            st.builder.release_buffer();
-        } else {
-            st.builder.shrink_to(IDLE_KEEP);
-        }
+        // Idle: the send buffer goes back to the pool.
+        st.builder.release_buffer();
         st.writer = Some(cx.waker().clone());
         Poll::Pending
     }

@@ -13,7 +13,7 @@ use crate::stats::Counters;
 /// buffered.
 const READ_CHUNK: usize = 64 * 1024;
 
-/// With the pools on, a read goes into the current buffer while it has this much room left.
+/// A read goes into the current buffer while it has this much room left.
 const MIN_ROOM: usize = 8 * 1024;
 
 /// Bytes handed up per turn before the reader lets other tasks run (see [`FrameReader::read_batch`]).
@@ -164,12 +164,7 @@ impl<R: ReadHalf> FrameReader<R> {
                 // Idle: hold no buffer until the socket has bytes for us.
                 self.wait_readable().await?;
             }
-            let missing = self.decoder.missing(&self.buf);
-            if pool::enabled() {
-                self.make_room(missing);
-            } else {
-                self.buf.reserve(missing.max(READ_CHUNK));
-            }
+            self.make_room(self.decoder.missing(&self.buf));
             match self.rd.try_read_buf(self.buf.as_bytes_mut()) {
                 Ok(0) => return Ok(false),
                 Ok(_) => {
