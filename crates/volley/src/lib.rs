@@ -26,6 +26,7 @@
 //! ids) and [`ServiceClient`] (calls by service name: balancing, key routing, failover,
 //! scatter-gather). `docs/ARCHITECTURE.md` tells the whole story.
 
+mod chunks;
 pub mod client;
 pub mod codec;
 mod error;

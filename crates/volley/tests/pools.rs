@@ -198,22 +198,3 @@ fn buffer_pool_recycles_within_classes_and_bypasses_outside() {
     let reused = pool.get(1000);
     assert_eq!(reused.as_ptr(), addr, "once the slice is gone the buffer is reused");
 }
-
-#[test]
-fn arena_is_released_after_each_turn() {
-    let before = volley::pool::arena::with_turn(|a| {
-        let v = a.alloc([0u8; 4096]);
-        v.len()
-    });
-    assert_eq!(before, 4096);
-    // A turn that grows the arena past its keep size gets a fresh arena afterwards.
-    volley::pool::arena::with_turn(|a| {
-        for _ in 0..64 {
-            a.alloc([1u8; 32 * 1024]);
-        }
-        assert!(a.allocated_bytes() > volley::pool::arena::KEEP);
-    });
-    volley::pool::arena::with_turn(|a| {
-        assert!(a.allocated_bytes() <= volley::pool::arena::KEEP, "{}", a.allocated_bytes());
-    });
-}

@@ -157,7 +157,9 @@ impl Client {
         let result = match self.inner.connection().await {
             Err(e) => Err(e),
             Ok(conn) => match &*conn {
-                Conn::Inproc(server) => crate::server::inproc::call_chunk(server, m, chunk, timeout).await,
+                Conn::Local(server) => {
+                    crate::transport::inproc::call_chunk(&**server, m, chunk, timeout).await
+                }
                 Conn::Stream(c) => {
                     let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                     let id = self.inner.next_id();

@@ -30,9 +30,9 @@ use crate::error::Error;
 use crate::method::Method;
 use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
-use crate::server::Shared;
 use crate::stats::{Counters, Snapshot};
-use crate::transport::{Address, inproc as registry};
+use crate::transport::Address;
+use crate::transport::inproc::{self, LocalServer};
 use conn::StreamConn;
 
 /// Client settings.
@@ -128,7 +128,8 @@ struct Inner {
 }
 
 enum Conn {
-    Inproc(Arc<Shared>),
+    /// A server of this process: calls hand values over (no bytes).
+    Local(Arc<dyn LocalServer>),
     Stream(Arc<StreamConn>),
 }
 
@@ -174,7 +175,7 @@ impl Client {
     ) -> Result<Resp, Error> {
         let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
         match &*self.inner.connection().await? {
-            Conn::Inproc(server) => crate::server::inproc::call(server, m, req, timeout).await,
+            Conn::Local(server) => inproc::call(&**server, m, req, timeout).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, timeout).await
@@ -195,9 +196,7 @@ impl Client {
     ) -> Result<bytes::Bytes, Error> {
         let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
         match &*self.inner.connection().await? {
-            Conn::Inproc(server) => {
-                crate::server::inproc::call_raw(server, service, method, payload, timeout).await
-            }
+            Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 let id = self.inner.next_id();
@@ -307,7 +306,7 @@ impl Inner {
         }
         let connect = async {
             match &self.addr {
-                Address::Inproc(name) => registry::lookup(name).map(Conn::Inproc).ok_or_else(|| {
+                Address::Inproc(name) => inproc::lookup(name).map(Conn::Local).ok_or_else(|| {
                     Error::Connection(format!("no inproc server is listening on {}", self.addr))
                 }),
                 Address::Tcp(a) => {
@@ -347,7 +346,7 @@ impl Inner {
 impl Conn {
     fn is_alive(&self) -> bool {
         match self {
-            Conn::Inproc(server) => !server.shutdown.is_cancelled(),
+            Conn::Local(server) => server.is_open(),
             Conn::Stream(c) => c.is_alive(),
         }
     }

@@ -37,6 +37,16 @@ pub enum BuildError<E> {
     TooLarge { len: usize, max: usize },
 }
 
+/// Finished frames, encoded by one builder to be linked into another's output (replies encoded
+/// on the codec pool, say) without a copy.
+#[derive(Debug, Default)]
+pub struct Frames {
+    segments: Vec<Bytes>,
+    len: usize,
+    frames: u64,
+    messages: u64,
+}
+
 /// Accumulates messages into frames. Not thread-safe: a connection wraps it in its send lock.
 #[derive(Debug)]
 pub struct FrameBuilder {
@@ -55,6 +65,8 @@ pub struct FrameBuilder {
     open_count: usize,
     frames: u64,
     messages: u64,
+    /// `frames` and `messages` when this builder's output last moved to another builder.
+    moved: (u64, u64),
 }
 
 impl FrameBuilder {
@@ -68,6 +80,7 @@ impl FrameBuilder {
             open_count: 0,
             frames: 0,
             messages: 0,
+            moved: (0, 0),
         }
     }
 
@@ -252,6 +265,70 @@ impl FrameBuilder {
         });
     }
 
+    /// Sets the limits of the frames to come (a builder shared by connections with other
+    /// settings, between uses). Only while nothing is queued.
+    pub fn set_limits(&mut self, limits: Limits) {
+        debug_assert!(self.is_empty(), "limits change under queued messages");
+        self.limits = limits;
+    }
+
+    /// Takes everything queued as finished frames.
+    pub fn take_frames(&mut self) -> Frames {
+        self.close_frame();
+        let (frames, messages) = self.unmoved();
+        let mut segments = Vec::new();
+        self.take_into(&mut segments);
+        let len = segments.iter().map(Bytes::len).sum();
+        Frames { segments, len, frames, messages }
+    }
+
+    /// Appends frames finished elsewhere, after everything queued (whose open frame closes).
+    pub fn append_frames(&mut self, f: Frames) {
+        self.set_aside();
+        self.segments_len += f.len;
+        self.segments.extend(f.segments);
+        self.frames += f.frames;
+        self.messages += f.messages;
+    }
+
+    /// Moves everything `other` holds to the end of this builder's output, as finished
+    /// frames: its bytes are linked, not copied, and both keep their vectors' capacity.
+    pub fn append_from(&mut self, other: &mut FrameBuilder) {
+        other.close_frame();
+        let (frames, messages) = other.unmoved();
+        if other.is_empty() {
+            return;
+        }
+        self.set_aside();
+        self.segments_len += other.queued_len();
+        self.segments.append(&mut other.segments);
+        other.segments_len = 0;
+        if !other.buf.is_empty() {
+            self.segments.push(other.buf.split().freeze());
+        }
+        self.frames += frames;
+        self.messages += messages;
+    }
+
+    /// Frames and messages completed since they were last moved to another builder (and
+    /// marks them moved). The open frame must be closed.
+    fn unmoved(&mut self) -> (u64, u64) {
+        let delta = (self.frames - self.moved.0, self.messages - self.moved.1);
+        self.moved = (self.frames, self.messages);
+        delta
+    }
+
+    /// Closes the open frame and sets what `buf` holds aside as a finished segment, so that what
+    /// comes next starts a new one.
+    fn set_aside(&mut self) {
+        self.close_frame();
+        if !self.buf.is_empty() {
+            let done = self.buf.split().freeze();
+            self.segments_len += done.len();
+            self.segments.push(done);
+        }
+    }
+
     /// Closes the open frame and moves everything queued into `out`, in write order.
     /// The builder keeps its buffer's spare capacity for the next messages.
     pub fn take_into(&mut self, out: &mut Vec<Bytes>) {
@@ -283,12 +360,7 @@ impl FrameBuilder {
         if self.buf.capacity() - self.buf.len() >= SEND_LOW {
             return;
         }
-        self.close_frame();
-        if !self.buf.is_empty() {
-            let done = self.buf.split().freeze();
-            self.segments_len += done.len();
-            self.segments.push(done);
-        }
+        self.set_aside();
         pool::buffer::put(std::mem::replace(&mut self.buf, pool::buffer::get(SEND_CHUNK)));
     }
 

@@ -13,13 +13,16 @@
 
 mod admission;
 mod conn;
-pub(crate) mod handler;
-pub(crate) mod inproc;
+mod dispatch;
+mod handler;
+mod local;
 mod offload;
+mod replies;
+mod router;
 
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -35,12 +38,13 @@ use crate::method::Method;
 use crate::proto::Limits;
 use crate::stats::{Counters, Snapshot};
 use crate::transport::Address;
-use crate::transport::inproc as registry;
+use crate::transport::inproc::{self, AnyMethod, LocalServer};
 use crate::transport::stream::{Handshake, Listener, Plain};
 use admission::Admission;
-use handler::{BatchResult, Route, Router, TypedHandler};
+use handler::TypedHandler;
+use router::{Route, Router};
 
-pub use handler::BatchResult as HandlerBatchResult;
+pub use handler::BatchResult;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -90,7 +94,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            max_batch: 1000,
+            max_batch: DEFAULT_MAX_BATCH,
             limits: Limits::default(),
             max_queued: 50_000,
             offload_min_bytes: 64 << 10,
@@ -233,8 +237,11 @@ impl ServerBuilder {
     }
 
     pub fn build(self) -> Server {
-        Server {
-            shared: Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
+            for route in self.router.routes() {
+                route.handler.attach(me.clone());
+            }
+            Shared {
                 router: self.router,
                 config: self.config,
                 counters: Counters::default(),
@@ -245,15 +252,15 @@ impl ServerBuilder {
                 runtime: OnceLock::new(),
                 bound: Mutex::new(Vec::new()),
                 queued: AtomicUsize::new(0),
-            }),
-        }
+            }
+        });
+        Server { shared }
     }
 
     fn route<Req: Wire, Resp: Wire>(mut self, m: &Method<Req, Resp>, h: TypedHandler<Req, Resp>) -> Self {
         let h = Arc::new(h);
-        let closer = h.clone();
-        let route =
-            Route { erased: h.clone(), typed: h, close_inproc: Box::new(move || closer.inproc.close()) };
+        let local: AnyMethod<Req, Resp> = h.clone();
+        let route = Route { handler: h, local: Box::new(local) };
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
         }
@@ -327,7 +334,7 @@ impl Server {
         let _ = self.shared.runtime.set(Handle::current());
         let bound = match &addr {
             Address::Inproc(name) => {
-                registry::bind(name, &self.shared)?;
+                inproc::bind(name, self.local())?;
                 addr.clone()
             }
             Address::Tcp(a) => {
@@ -380,7 +387,7 @@ impl Server {
         self.shared.shutdown.cancel();
         for addr in self.shared.bound.lock().drain(..) {
             match addr {
-                Address::Inproc(name) => registry::unbind(&name, &self.shared),
+                Address::Inproc(name) => inproc::unbind(&name, &self.local()),
                 Address::Unix(path) => {
                     let _ = std::fs::remove_file(path);
                 }
@@ -388,7 +395,7 @@ impl Server {
             }
         }
         for route in self.shared.router.routes() {
-            (route.close_inproc)();
+            route.handler.close();
         }
         self.shared.tasks.close();
         self.shared.tasks.wait().await;
@@ -431,6 +438,12 @@ impl Server {
     /// Addresses this server is listening on.
     pub fn addresses(&self) -> Vec<Address> {
         self.shared.bound.lock().clone()
+    }
+
+    /// The server as inproc callers find it.
+    fn local(&self) -> Weak<dyn LocalServer> {
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        weak
     }
 
     /// Cancelled when shutdown starts. Layers built on the server (the registry's lease
@@ -490,6 +503,9 @@ async fn accept_loop<L: Listener, H: Handshake<L::Stream>>(shared: Arc<Shared>, 
         }
     }
 }
+
+/// Most requests handed to a handler at once, unless the server says otherwise.
+pub(crate) const DEFAULT_MAX_BATCH: usize = 1000;
 
 /// A socket file left by a process that died is removed; a live one is left alone (bind then
 /// fails with "address in use", as it should).

@@ -15,13 +15,14 @@
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, Waker};
 
 use futures_util::future::BoxFuture;
 
-use super::handler::{ErasedHandler, ReplyWriter, panic_message};
+use super::handler::{Handler, panic_message, poll_now};
+use super::replies::{Replies, ReplyTo, Results};
 use crate::error::Status;
-use crate::proto::Code;
+use crate::proto::encode::{FrameBuilder, Frames};
+use crate::proto::{Code, Limits};
 
 /// The codec pool: one thread per core, started on first use.
 fn pool() -> &'static rayon::ThreadPool {
@@ -44,58 +45,57 @@ async fn run<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Resul
     rx.await.unwrap_or_else(|_| Err(Box::new("the codec pool dropped a job")))
 }
 
-/// `call` (a handler's `call` or `call_chunk` on this batch) with the decoding, a handler that
-/// finishes without waiting, and the encoding of its replies all on the pool. If anything
-/// panics there, every request in `ids` (or the one batch request) gets an `Internal` error.
+/// Serves a request group (or one batch request) on the codec pool: `job` decodes it and runs
+/// the handler (on `handler`, with a builder to answer into), a handler that finishes without
+/// waiting finishes there, and the replies are encoded there into finished frames, which the
+/// connection only links into its output. A handler that waits is awaited on the runtime, and
+/// its replies go back to the pool to be encoded. If anything panics on the pool, every
+/// request in `ids` gets an `Internal` error.
 pub(super) fn offloaded(
-    handler: Arc<dyn ErasedHandler>,
+    handler: Arc<dyn Handler>,
     ids: Vec<u64>,
-    call: impl FnOnce(&dyn ErasedHandler) -> BoxFuture<'static, Box<dyn ReplyWriter>> + Send + 'static,
-) -> BoxFuture<'static, Box<dyn ReplyWriter>> {
+    limits: Limits,
+    job: impl FnOnce(&dyn Handler, &mut FrameBuilder) -> Option<BoxFuture<'static, Box<dyn Replies>>>
+    + Send
+    + 'static,
+) -> BoxFuture<'static, Box<dyn Replies>> {
     Box::pin(async move {
         // Handlers may use the runtime (timers, IO) in their first poll, here on a pool thread.
         let runtime = tokio::runtime::Handle::current();
         let first = run(move || {
             let _entered = runtime.enter();
-            let mut fut = call(&*handler);
-            // The noop waker is safe: a pending future is awaited again below, on the runtime.
-            match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(w) => Ok(w.encoded()),
-                Poll::Pending => Err(fut),
+            let mut out = FrameBuilder::new(limits);
+            match job(&*handler, &mut out) {
+                None => Ok(out.take_frames()),
+                Some(mut fut) => match poll_now(&mut fut) {
+                    Some(replies) => Ok(encoded(replies, &mut out)),
+                    None => Err(fut),
+                },
             }
         })
         .await;
-        let outcome = match first {
-            Ok(Ok(encoded)) => Ok(encoded),
+        let frames = match first {
+            Ok(Ok(frames)) => Ok(frames),
             Ok(Err(waiting)) => {
-                let w = waiting.await;
-                run(move || w.encoded()).await
+                let replies = waiting.await;
+                run(move || encoded(replies, &mut FrameBuilder::new(limits))).await
             }
             Err(p) => Err(p),
         };
-        outcome.unwrap_or_else(|p| {
-            let what = panic_message(&p);
-            tracing::error!(panic = %what, "decoding or encoding a large payload panicked");
-            let status = Status::new(Code::Internal, format!("the request's codec panicked: {what}"));
-            Box::new(Failed { ids, status })
-        })
+        match frames {
+            Ok(frames) => Box::new(frames) as Box<dyn Replies>,
+            Err(p) => {
+                let what = panic_message(&p);
+                tracing::error!(panic = %what, "decoding or encoding a large payload panicked");
+                let status = Status::new(Code::Internal, format!("the request's codec panicked: {what}"));
+                let results = ids.iter().map(|_| Err(status.clone())).collect();
+                Box::new(Results::<()> { to: ReplyTo::Each(ids), results })
+            }
+        }
     })
 }
 
-/// Error replies for requests whose offloaded work panicked.
-struct Failed {
-    ids: Vec<u64>,
-    status: Status,
-}
-
-impl ReplyWriter for Failed {
-    fn write(self: Box<Self>, fb: &mut crate::proto::encode::FrameBuilder) {
-        for id in self.ids {
-            fb.error(id, self.status.code, &self.status.message);
-        }
-    }
-
-    fn encoded(self: Box<Self>) -> Box<dyn ReplyWriter> {
-        self
-    }
+fn encoded(replies: Box<dyn Replies>, out: &mut FrameBuilder) -> Frames {
+    replies.write(out);
+    out.take_frames()
 }

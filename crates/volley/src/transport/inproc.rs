@@ -1,17 +1,66 @@
-//! The process-wide table of inproc servers, by name.
+//! In-process: servers of this process, found by name; a call hands the typed request value to
+//! the handler and gets the typed reply back. Nothing is encoded, no byte moves.
+//!
+//! This is the transport's side of the seam between client and server: a server publishes
+//! itself here as a [`LocalServer`], each of its methods as a [`LocalMethod`] of the method's
+//! types, and a client finds them by name. Neither side names the other's types.
+//!
+//! How a call runs: per-item and synchronous handlers are invoked in the caller's task (the
+//! components of one process call each other directly), so a call that does not wait costs a
+//! function call; a batch handler's calls are queued and handed to it together by the server.
+//! Either way the caller waits only for its own reply.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Weak};
+use std::task::Poll;
+use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
-use crate::Error;
-use crate::server::Shared;
+use crate::error::{Error, Status};
+use crate::method::Method;
+use crate::proto::Code;
 
-static SERVERS: LazyLock<Mutex<HashMap<String, Weak<Shared>>>> = LazyLock::new(Default::default);
+/// A call started on a local method: finished at once (the common case), or a future.
+pub(crate) enum Started<T> {
+    Done(T),
+    Waiting(BoxFuture<'static, T>),
+}
+
+/// One method of a local server, with its types.
+pub(crate) trait LocalMethod<Req, Resp>: Send + Sync {
+    /// Starts one call.
+    fn call(&self, req: Req) -> Started<Result<Resp, Status>>;
+    /// Starts a chunk of calls, handed to the handler together (in parts of at most the
+    /// server's `max_batch`); one result per request, in order.
+    fn call_chunk(&self, reqs: Vec<Req>) -> Started<Vec<Result<Resp, Status>>>;
+}
+
+/// The boxed form a local server hands out for each method: what a caller downcasts to.
+pub(crate) type AnyMethod<Req, Resp> = Arc<dyn LocalMethod<Req, Resp>>;
+
+/// A server bound to an inproc name.
+pub(crate) trait LocalServer: Send + Sync {
+    /// The method `service/method`, as an [`AnyMethod`] of its types behind `Any`.
+    fn method(&self, service: &str, method: &str) -> Result<&(dyn Any + Send + Sync), Status>;
+    /// Serves an already encoded request and returns the encoded reply: for layers that
+    /// forward calls whose types they do not know (the registry's relay).
+    fn call_raw(&self, service: &str, method: &str, payload: Bytes) -> Started<Result<Bytes, Status>>;
+    /// Marks a call in flight, so that a graceful shutdown waits for it; `None` once the
+    /// server is shutting down.
+    fn enter(&self) -> Option<TaskTrackerToken>;
+    /// Whether the server still takes calls.
+    fn is_open(&self) -> bool;
+}
+
+static SERVERS: LazyLock<Mutex<HashMap<String, Weak<dyn LocalServer>>>> = LazyLock::new(Default::default);
 
 /// Publishes `server` under `name`. Fails if a live server already has the name.
-pub(crate) fn bind(name: &str, server: &Arc<Shared>) -> Result<(), Error> {
+pub(crate) fn bind(name: &str, server: Weak<dyn LocalServer>) -> Result<(), Error> {
     let mut table = SERVERS.lock();
     if table.get(name).is_some_and(|w| w.strong_count() > 0) {
         return Err(Error::InvalidAddress {
@@ -19,19 +68,115 @@ pub(crate) fn bind(name: &str, server: &Arc<Shared>) -> Result<(), Error> {
             reason: "address in use by another server in this process".into(),
         });
     }
-    table.insert(name.to_string(), Arc::downgrade(server));
+    table.insert(name.to_string(), server);
     Ok(())
 }
 
 /// Removes `name` if it still belongs to `server`.
-pub(crate) fn unbind(name: &str, server: &Arc<Shared>) {
+pub(crate) fn unbind(name: &str, server: &Weak<dyn LocalServer>) {
     let mut table = SERVERS.lock();
-    if table.get(name).is_some_and(|w| w.as_ptr() == Arc::as_ptr(server)) {
+    if table.get(name).is_some_and(|w| Weak::ptr_eq(w, server)) {
         table.remove(name);
     }
 }
 
 /// The live server named `name`.
-pub(crate) fn lookup(name: &str) -> Option<Arc<Shared>> {
+pub(crate) fn lookup(name: &str) -> Option<Arc<dyn LocalServer>> {
     SERVERS.lock().get(name).and_then(Weak::upgrade)
+}
+
+fn shutting_down() -> Error {
+    Error::Connection("inproc server is shutting down".into())
+}
+
+/// The method `m` of `server`, checked against the caller's types.
+fn method<'s, Req: 'static, Resp: 'static>(
+    server: &'s dyn LocalServer,
+    m: &Method<Req, Resp>,
+) -> Result<&'s AnyMethod<Req, Resp>, Error> {
+    let any = server.method(m.service(), m.name()).map_err(Error::Remote)?;
+    any.downcast_ref::<AnyMethod<Req, Resp>>().ok_or_else(|| {
+        Error::Remote(Status::new(
+            Code::BadRequest,
+            format!("{m:?} is registered with other request/reply types than the caller's"),
+        ))
+    })
+}
+
+/// Calls `m` on `server` with `req`, in the caller's task.
+pub(crate) async fn call<Req: 'static, Resp: 'static>(
+    server: &dyn LocalServer,
+    m: &Method<Req, Resp>,
+    req: Req,
+    timeout: Duration,
+) -> Result<Resp, Error> {
+    let m = method(server, m)?;
+    if !server.is_open() {
+        return Err(shutting_down());
+    }
+    let result = match m.call(req) {
+        Started::Done(result) => done(result).await,
+        Started::Waiting(fut) => wait(server, fut, timeout).await?,
+    };
+    result.map_err(Error::Remote)
+}
+
+/// Calls `m` on `server` with a chunk of requests, handed to the handler as one batch.
+pub(crate) async fn call_chunk<Req: 'static, Resp: 'static>(
+    server: &dyn LocalServer,
+    m: &Method<Req, Resp>,
+    reqs: Vec<Req>,
+    timeout: Duration,
+) -> Result<Vec<Result<Resp, Error>>, Error> {
+    let m = method(server, m)?;
+    if !server.is_open() {
+        return Err(shutting_down());
+    }
+    let results = match m.call_chunk(reqs) {
+        Started::Done(results) => done(results).await,
+        Started::Waiting(fut) => wait(server, fut, timeout).await?,
+    };
+    Ok(results.into_iter().map(|r| r.map_err(Error::Remote)).collect())
+}
+
+/// Calls `service/method` on `server` with an encoded request; returns the encoded reply.
+pub(crate) async fn call_raw(
+    server: &dyn LocalServer,
+    service: &str,
+    method: &str,
+    payload: Bytes,
+    timeout: Duration,
+) -> Result<Bytes, Error> {
+    if !server.is_open() {
+        return Err(shutting_down());
+    }
+    let result = match server.call_raw(service, method, payload) {
+        Started::Done(result) => done(result).await,
+        Started::Waiting(fut) => wait(server, fut, timeout).await?,
+    };
+    result.map_err(Error::Remote)
+}
+
+/// A call that finished at once: no timer, no bookkeeping. It still counts against tokio's
+/// cooperative budget, so that a loop of calls that never wait yields to the runtime.
+async fn done<T>(v: T) -> T {
+    tokio::task::consume_budget().await;
+    v
+}
+
+/// A call that waits, in the caller's task: the server's shutdown waits for it, and `timeout`
+/// bounds it.
+async fn wait<T>(
+    server: &dyn LocalServer,
+    mut fut: BoxFuture<'static, T>,
+    timeout: Duration,
+) -> Result<T, Error> {
+    // Nothing of the call has run yet if the server is shutting down (futures are lazy; a
+    // batch handler's request is queued already, and its reply is dropped with this future).
+    let Some(_in_flight) = server.enter() else { return Err(shutting_down()) };
+    if let Poll::Ready(v) = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+        tokio::task::consume_budget().await;
+        return Ok(v);
+    }
+    tokio::time::timeout(timeout, fut).await.map_err(|_| Error::Timeout(timeout))
 }

@@ -1,0 +1,47 @@
+//! Service name → method name → the method's handler. Built once, before the server starts;
+//! looked up without a lock.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::handler::Handler;
+use crate::error::Status;
+use crate::proto::Code;
+
+/// One registered method.
+pub(crate) struct Route {
+    /// What connections call: requests as bytes.
+    pub handler: Arc<dyn Handler>,
+    /// What inproc callers call: the method's typed face, an
+    /// [`AnyMethod`](crate::transport::inproc::AnyMethod) behind `Any`.
+    pub local: Box<dyn Any + Send + Sync>,
+}
+
+#[derive(Default)]
+pub(crate) struct Router {
+    services: FxHashMap<Box<str>, FxHashMap<Box<str>, Route>>,
+}
+
+impl Router {
+    /// Adds a route; `false` if the method already had one.
+    pub fn insert(&mut self, service: &str, method: &str, route: Route) -> bool {
+        self.services.entry(service.into()).or_default().insert(method.into(), route).is_none()
+    }
+
+    /// The route of `service/method`, or the error reply for an unknown service or method.
+    pub fn lookup(&self, service: &str, method: &str) -> Result<&Route, Status> {
+        let methods = self
+            .services
+            .get(service)
+            .ok_or_else(|| Status::new(Code::UnknownService, format!("no service named {service:?}")))?;
+        methods.get(method).ok_or_else(|| {
+            Status::new(Code::UnknownMethod, format!("service {service:?} has no method {method:?}"))
+        })
+    }
+
+    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.services.values().flat_map(|m| m.values())
+    }
+}
