@@ -22,17 +22,21 @@ mod trait_def;
 #[proc_macro_attribute]
 pub fn service(args: TokenStream, input: TokenStream) -> TokenStream {
     let item = syn::parse_macro_input!(input as syn::ItemTrait);
-    let name = match parse::service_name(args.into(), &item) {
-        Ok(name) => name,
-        Err(e) => return e.to_compile_error().into(),
-    };
-    match parse::ServiceDef::new(item, name) {
+    let def =
+        parse::service_name(args.into(), &item).and_then(|name| parse::ServiceDef::new(item.clone(), name));
+    match def {
         Ok(def) => {
             let mut out = trait_def::expand(&def);
             out.extend(client::expand(&def));
             out.extend(server::expand(&def));
             out.into()
         }
-        Err(e) => e.to_compile_error().into(),
+        Err(e) => {
+            let mut item = item;
+            trait_def::strip_markers(&mut item);
+            let mut out = e.to_compile_error();
+            out.extend(quote::quote!(#item));
+            out.into()
+        }
     }
 }

@@ -305,47 +305,64 @@ fn request_arg(sig: &syn::Signature) -> syn::Result<Option<&Type>> {
 /// `Result<Reply, Status>` → `Reply`.
 fn result_ok_type(name: &Ident, output: &ReturnType) -> syn::Result<Type> {
     let err = || {
-        syn::Error::new(
-            return_span(output),
-            format!("service method `{name}` must return `Result<Reply, Status>`"),
+        at_return(
+            name,
+            output,
+            format!(
+                "service method `{name}` must return `Result<Reply, Status>` (errors travel as \
+                 `volley::Status`: a code and a message)"
+            ),
         )
     };
     match output {
-        ReturnType::Type(_, ty) => {
-            generic_args(ty, "Result", 2).map(|mut a| a.swap_remove(0)).ok_or_else(err)
-        }
+        ReturnType::Type(_, ty) => reply_of_result(ty).ok_or_else(err),
         ReturnType::Default => Err(err()),
     }
+}
+
+/// `Result<Reply, Status>` → `Reply`. The error type is checked by name: it is what travels
+/// on the wire, and a mismatch found later would be reported from inside generated code.
+fn reply_of_result(ty: &Type) -> Option<Type> {
+    let mut args = generic_args(ty, "Result", 2)?;
+    let is_status =
+        matches!(&args[1], Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Status"));
+    is_status.then(|| args.swap_remove(0))
 }
 
 /// `(Vec<Request>) -> Vec<Result<Reply, Status>>` → `(Request, Reply)`.
 fn batch_types(name: &Ident, arg: Option<&Type>, output: &ReturnType) -> syn::Result<(Type, Type)> {
     let req = arg.and_then(|a| generic_args(a, "Vec", 1)).map(|mut a| a.swap_remove(0)).ok_or_else(|| {
-        let span = arg.map_or(name.span(), |a| a.span());
-        syn::Error::new(
-            span,
-            format!("`#[batch]` method `{name}` must take its requests as one `Vec<Request>` (every request that arrived together)"),
-        )
+        let msg = format!(
+            "`#[batch]` method `{name}` must take its requests as one `Vec<Request>` (every request \
+             that arrived together)"
+        );
+        match arg {
+            Some(a) => syn::Error::new_spanned(a, msg),
+            None => syn::Error::new(name.span(), msg),
+        }
     })?;
     let resp = match output {
-        ReturnType::Type(_, ty) => generic_args(ty, "Vec", 1)
-            .and_then(|mut a| generic_args(&a.swap_remove(0), "Result", 2))
-            .map(|mut a| a.swap_remove(0)),
+        ReturnType::Type(_, ty) => generic_args(ty, "Vec", 1).and_then(|a| reply_of_result(&a[0])),
         ReturnType::Default => None,
     };
     let resp = resp.ok_or_else(|| {
-        syn::Error::new(
-            return_span(output),
-            format!("`#[batch]` method `{name}` must return `Vec<Result<Reply, Status>>`: one result per request, in order"),
+        at_return(
+            name,
+            output,
+            format!(
+                "`#[batch]` method `{name}` must return `Vec<Result<Reply, Status>>`: one result per \
+                 request, in order"
+            ),
         )
     })?;
     Ok((req, resp))
 }
 
-fn return_span(output: &ReturnType) -> Span {
+/// An error at the return type, or at the method's name if it has none.
+fn at_return(name: &Ident, output: &ReturnType, msg: String) -> syn::Error {
     match output {
-        ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => Span::call_site(),
+        ReturnType::Type(_, ty) => syn::Error::new_spanned(ty, msg),
+        ReturnType::Default => syn::Error::new(name.span(), msg),
     }
 }
 

@@ -8,27 +8,38 @@
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{ReturnType, TraitItem, TraitItemFn};
+use syn::{ItemTrait, ReturnType, TraitItem, TraitItemFn};
 
 use crate::parse::{ServiceDef, is_marker};
 
 pub fn expand(def: &ServiceDef) -> TokenStream {
     let mut item = def.item.clone();
+    strip_markers(&mut item);
     item.supertraits.push(syn::parse_quote!(::core::marker::Send));
     item.supertraits.push(syn::parse_quote!(::core::marker::Sync));
     item.supertraits.push(syn::parse_quote!('static));
     for trait_item in &mut item.items {
-        if let TraitItem::Fn(f) = trait_item {
-            f.attrs.retain(|a| !is_marker(a));
-            if f.sig.asyncness.is_some() {
-                into_send_future(f);
-            }
+        if let TraitItem::Fn(f) = trait_item
+            && f.sig.asyncness.is_some()
+        {
+            into_send_future(f);
         }
     }
     let checks = wire_checks(def);
     quote! {
         #item
         #checks
+    }
+}
+
+/// The trait as written, without the `#[batch]` and `#[sync]` markers (which are not real
+/// attributes). Emitted unchanged beside the errors when the trait has mistakes, so that code
+/// using it reports nothing more than those.
+pub fn strip_markers(item: &mut ItemTrait) {
+    for trait_item in &mut item.items {
+        if let TraitItem::Fn(f) = trait_item {
+            f.attrs.retain(|a| !is_marker(a));
+        }
     }
 }
 
@@ -54,6 +65,10 @@ fn into_send_future(f: &mut TraitItemFn) {
 /// error there; the generated client and server only require `Wire` through bounds that are
 /// checked where they are used, so a missing declaration is not reported again from inside
 /// generated code.
+///
+/// The assertion goes through a local trait whose only impl is `#[do_not_recommend]`: the
+/// error then carries the message below and no list of every type that is `Wire` (a list that
+/// would change whenever any crate declares a new wire type).
 fn wire_checks(def: &ServiceDef) -> TokenStream {
     let mut seen = Vec::new();
     let mut asserts = Vec::new();
@@ -70,7 +85,17 @@ fn wire_checks(def: &ServiceDef) -> TokenStream {
     let (impl_generics, _, where_clause) = def.item.generics.split_for_impl();
     quote! {
         const _: () = {
-            fn __volley_assert_wire<W: ::volley::Wire>() {}
+            #[diagnostic::on_unimplemented(
+                message = "`{Self}` is not a Volley wire type, so it cannot be a request or a reply",
+                label = "not a wire type",
+                note = "declare its codec tier with `volley::wire!({Self})` (serde, encoded with bitcode), or \
+                        `wire!(bitcode: …)`, `wire!(pod: …)`, `wire!(json: …)`, `wire!(msgpack: …)`; or \
+                        wrap it (`volley::codec::Json<…>`)"
+            )]
+            trait Wire {}
+            #[diagnostic::do_not_recommend]
+            impl<W: ::volley::Wire> Wire for W {}
+            fn __volley_assert_wire<W: Wire>() {}
             #[allow(dead_code)]
             fn __volley_check #impl_generics () #where_clause {
                 #(#asserts)*

@@ -3,6 +3,10 @@
 //! scatter-gather). Each method of the typed client requires the trait for its own request and
 //! reply types only, so a `ServiceClient`'s need to clone requests is asked of the methods it
 //! is used for, not of the whole service.
+//!
+//! The impls are `#[diagnostic::do_not_recommend]`: a call that does not fit is reported with
+//! the traits' own messages (which say what a `ServiceClient` needs) rather than as a missing
+//! `Clone` deep inside an impl's bounds.
 
 use std::future::Future;
 
@@ -77,6 +81,7 @@ pub trait ServiceCaller<Req, Resp>: Caller<Req, Resp> {
     ) -> impl Future<Output = Result<Vec<Gathered<Resp>>, Error>> + Send;
 }
 
+#[diagnostic::do_not_recommend]
 impl<Req: Wire, Resp: Wire> Caller<Req, Resp> for Client {
     fn call(
         &self,
@@ -110,6 +115,7 @@ impl<Req: Wire, Resp: Wire> Caller<Req, Resp> for Client {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<Req: Wire + Clone, Resp: Wire> Caller<Req, Resp> for ServiceClient {
     fn call(
         &self,
@@ -151,6 +157,7 @@ impl<Req: Wire + Clone, Resp: Wire> Caller<Req, Resp> for ServiceClient {
     }
 }
 
+#[diagnostic::do_not_recommend]
 impl<Req: Wire + Clone, Resp: Wire> ServiceCaller<Req, Resp> for ServiceClient {
     fn call_keyed<K: StableHash + Sync + ?Sized>(
         &self,
