@@ -85,7 +85,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = ApiChoice::Method)]
     api: ApiChoice,
     /// Measure everything this many times, interleaved (round 1 of every API and call style,
-    /// then round 2, ...); with `--api both` the text report ends with the ratio of the medians.
+    /// then round 2, ...; the APIs take turns going first); with `--api both` the text report
+    /// ends with the ratio of the medians.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
     /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
@@ -658,7 +659,8 @@ impl Side {
 }
 
 /// Every round, call style and API of the run, interleaved: round 1 of each style through
-/// each API, then round 2, so that a change in the machine's load falls on all alike.
+/// each API, then round 2, so that a change in the machine's load falls on all alike. The
+/// APIs take turns going first (A B, B A, ...), so neither always runs right after the other.
 async fn drive(targets: Vec<(Api, Target)>, args: BenchArgs) -> Result<Vec<Report>, String> {
     let (_, styles) = plan(&args)?;
     let mut sides = Vec::new();
@@ -668,7 +670,11 @@ async fn drive(targets: Vec<(Api, Target)>, args: BenchArgs) -> Result<Vec<Repor
     let mut reports = Vec::new();
     for round in 1..=args.rounds.max(1) {
         for &style in &styles {
-            for side in &sides {
+            let mut order: Vec<&Side> = sides.iter().collect();
+            if round % 2 == 0 {
+                order.reverse();
+            }
+            for side in order {
                 reports.push(measure(side, &args, style, round).await?);
             }
         }

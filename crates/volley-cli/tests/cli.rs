@@ -472,12 +472,13 @@ fn bench_api_both_interleaves_the_generated_and_method_forms_and_gives_their_rat
         .map(|v| (v["round"].as_u64().unwrap(), v["mode"].as_str().unwrap(), v["api"].as_str().unwrap()))
         .collect();
     let mut expected = Vec::new();
-    for round in 1..=2 {
-        for mode in ["single", "batch"] {
-            expected.extend([(round, mode, "method"), (round, mode, "generated")]);
-        }
+    for mode in ["single", "batch"] {
+        expected.extend([(1, mode, "method"), (1, mode, "generated")]);
     }
-    assert_eq!(order, expected, "rounds, call styles and APIs interleaved");
+    for mode in ["single", "batch"] {
+        expected.extend([(2, mode, "generated"), (2, mode, "method")]);
+    }
+    assert_eq!(order, expected, "rounds, call styles and APIs interleaved; the APIs take turns going first");
     for v in &lines {
         assert_eq!(v["errors"], 0, "{v}");
         assert!(v["calls"].as_u64().unwrap() > 0, "{v}");

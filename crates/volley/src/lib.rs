@@ -38,9 +38,11 @@
 //!
 //! Layers, bottom up: [`proto`] (sans-IO wire format), [`transport`] (inproc, unix, tcp;
 //! send-side bundling and batch reads), [`codec`] (how values become bytes), then
-//! [`Client`] and [`Server`]; on top, [`service`](macro@service) (services as traits) and the [`registry`] (controller, leases, watches, client
-//! ids) and [`ServiceClient`] (calls by service name: balancing, key routing, failover,
-//! scatter-gather). `docs/ARCHITECTURE.md` tells the whole story.
+//! [`Client`] and [`Server`]; on top, [`#[volley::service]`](macro@service) (services as
+//! traits, with [`service`] for what it generates code against), the [`registry`]
+//! (controller, leases, watches, client ids) and [`ServiceClient`] (calls by service name:
+//! balancing, key routing, failover, scatter-gather). `docs/ARCHITECTURE.md` tells the whole
+//! story; `docs/SERVICES.md` is the guide to services.
 
 pub mod client;
 pub mod codec;
@@ -68,5 +70,10 @@ pub use registry::{Registry, ServiceClient};
 pub use server::{Keepalive, Server, ServerBuilder, ServerConfig};
 pub use stats::Snapshot;
 pub use transport::Address;
+
+/// The guide's examples (docs/SERVICES.md) run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/SERVICES.md")]
+pub struct ServicesGuide;
 #[doc = include_str!("service/macro.md")]
 pub use volley_macros::service;
