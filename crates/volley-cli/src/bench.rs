@@ -22,7 +22,7 @@ use volley::registry::{
 use volley::{BatchOptions, Client, Method, Server, ServiceClient, Snapshot};
 
 use crate::bench_api::{Api, ApiChoice, Figure};
-use crate::echo::{ECHO, EchoClient, EchoServer, Echoer, method_named, server_named_with};
+use crate::echo::{ECHO, EchoAsyncServer, EchoClient, EchoServer, Echoer, method_named, server_named_with};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -89,10 +89,21 @@ pub struct BenchArgs {
     /// ends with the ratio of the medians.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// The in-process server's handler: `sync` (runs inline: `handle_fn`, a `#[sync] fn`) or
+    /// `async` (a future per request: `handle`, an `async fn`).
+    #[arg(long, value_enum, default_value_t = Handler::Sync)]
+    handler: Handler,
     /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
     raw: bool,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Handler {
+    Sync,
+    Async,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -157,6 +168,8 @@ struct Report {
     api: Api,
     /// 1-based, with `--rounds`.
     round: usize,
+    /// The in-process server's handler form (`sync` or `async`).
+    handler: Handler,
     transport: String,
     runtime: RuntimeMode,
     /// `single` or `batch`.
@@ -293,10 +306,17 @@ impl Local {
             Transport::Tls => b.tls(bench_tls().0.clone()),
             _ => b,
         };
-        let (server, role) = match api {
-            Api::Method => (server_named_with(&args.service, tls), "echo"),
-            Api::Generated => {
+        let m = method_named(&args.service);
+        let (server, role) = match (api, args.handler) {
+            (Api::Method, Handler::Sync) => (server_named_with(&args.service, tls), "echo"),
+            (Api::Method, Handler::Async) => {
+                (tls(Server::builder().handle(&m, |b: Bytes| async move { Ok(b) })).build(), "echo")
+            }
+            (Api::Generated, Handler::Sync) => {
                 (tls(Server::builder().serve(EchoServer::new(Echoer))).build(), "echo-generated")
+            }
+            (Api::Generated, Handler::Async) => {
+                (tls(Server::builder().serve(EchoAsyncServer::new(Echoer))).build(), "echo-generated")
             }
         };
         let bound = server.listen(&listen_address(args.transport, role)).await.map_err(|e| e.to_string())?;
@@ -776,6 +796,7 @@ async fn measure(side: &Side, args: &BenchArgs, style: Style, round: usize) -> R
     Ok(Report {
         api,
         round,
+        handler: args.handler,
         transport: transport.to_string(),
         runtime: args.runtime,
         mode: style,
@@ -869,8 +890,8 @@ fn print_report(r: &Report) {
         Style::Single => String::new(),
     };
     println!(
-        "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}, {:?} API, round {}",
-        r.transport, r.payload, r.concurrency, r.runtime, r.mode, r.api, r.round
+        "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}, {:?} API, {:?} handler, round {}",
+        r.transport, r.payload, r.concurrency, r.runtime, r.mode, r.api, r.handler, r.round
     );
     println!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
     if r.mode != Style::Single {

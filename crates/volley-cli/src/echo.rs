@@ -22,6 +22,19 @@ impl Echo for Echoer {
     }
 }
 
+/// The same service and method with an `async fn` handler (a future per request), for
+/// `volley bench --handler async`: the generated client is the same, the server's form differs.
+#[volley::service(name = "echo")]
+pub trait EchoAsync {
+    async fn echo(&self, payload: Bytes) -> Result<Bytes, Status>;
+}
+
+impl EchoAsync for Echoer {
+    async fn echo(&self, payload: Bytes) -> Result<Bytes, Status> {
+        Ok(payload)
+    }
+}
+
 /// `echo/echo`: returns its payload.
 pub const ECHO: Method<Bytes, Bytes> = EchoMethods::ECHO;
 
