@@ -394,10 +394,7 @@ fn bench_modes_embedded_registry_and_errors() {
         (&["--mode", "relayed", "--connect", "tcp://127.0.0.1:1"][..], "do not go with --connect"),
         (&["--mode", "sideways"][..], "invalid value"),
     ] {
-        let out = volley().arg("bench").args(args).output().unwrap();
-        assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(expect), "{args:?}: {err}");
+        assert_bench_refuses(args, expect);
     }
 }
 
@@ -511,9 +508,14 @@ fn bench_api_both_interleaves_the_generated_and_method_forms_and_gives_their_rat
         (&["--api", "generated", "--service", "other"][..], "calls the `Echo` trait's service"),
         (&["--rounds", "0"][..], "at least 1"),
     ] {
-        let out = volley().arg("bench").args(args).output().unwrap();
-        assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(expect), "{args:?}: {err}");
+        assert_bench_refuses(args, expect);
     }
+}
+
+/// `volley bench ARGS` fails, saying `expect`.
+fn assert_bench_refuses(args: &[&str], expect: &str) {
+    let out = volley().arg("bench").args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expect), "{args:?}: {err}");
 }

@@ -64,6 +64,13 @@ async fn shards(registry: &Registry, tag: &str, n: usize) -> Vec<Server> {
     servers
 }
 
+async fn stop(servers: Vec<Server>, controller: Controller) {
+    for s in servers {
+        s.shutdown().await;
+    }
+    controller.shutdown().await;
+}
+
 fn client(registry: &Registry) -> ShardClient<ServiceClient> {
     ShardClient::new(ServiceClient::with_registry(registry.clone(), ServiceConfig::default()))
 }
@@ -88,10 +95,7 @@ async fn keyed_calls_reach_the_shard_that_owns_the_key_on_the_ring() {
         assert_eq!(shard.next_keyed(&key, key).await.unwrap(), key + 1);
     }
     assert_eq!(owners.len(), 4, "200 keys should reach every one of 4 shards: {owners:?}");
-    for s in servers {
-        s.shutdown().await;
-    }
-    controller.shutdown().await;
+    stop(servers, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -107,10 +111,7 @@ async fn scatter_gathers_one_answer_from_every_shard() {
     let nexts = shard.next_scatter(41).await.unwrap();
     assert_eq!(nexts.len(), 3);
     assert!(nexts.iter().all(|g| matches!(g.result, Ok(42))), "{nexts:?}");
-    for s in servers {
-        s.shutdown().await;
-    }
-    controller.shutdown().await;
+    stop(servers, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -135,10 +136,7 @@ async fn batches_and_streams_through_the_registry_spread_over_instances_in_order
     }
     assert!(counts.len() > 1, "every chunk went to one shard: {counts:?}");
     assert_eq!(counts.values().sum::<usize>(), 64);
-    for s in servers {
-        s.shutdown().await;
-    }
-    controller.shutdown().await;
+    stop(servers, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
