@@ -153,10 +153,19 @@ impl ServiceDef {
 /// The suffixes the typed client adds to each method's name.
 pub const CLIENT_SUFFIXES: [&str; 6] = ["_with", "_batch", "_batch_with", "_stream", "_keyed", "_scatter"];
 
+/// What the typed client has besides the service's methods.
+const CLIENT_OWN: [&str; 4] = ["new", "inner", "into_inner", "clone"];
+
 /// A method `search` and a method `search_batch` would both generate `search_batch` on the
 /// client: say so here rather than let the compiler report a duplicate in generated code.
 fn check_generated_names(methods: &[MethodDef], errors: &mut Errors) {
     for (i, m) in methods.iter().enumerate() {
+        if CLIENT_OWN.contains(&m.wire_name.as_str()) {
+            errors.push(syn::Error::new_spanned(
+                &m.ident,
+                format!("`{}` is a method of every generated client; rename this one", m.ident),
+            ));
+        }
         if methods[..i].iter().any(|earlier| earlier.ident == m.ident) {
             errors.push(syn::Error::new_spanned(&m.ident, "two methods with the same name"));
         }

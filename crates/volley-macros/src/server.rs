@@ -49,6 +49,7 @@ pub fn expand(def: &ServiceDef) -> TokenStream {
         }
 
         impl<#(#params,)* #s> #ident<#(#params,)* #s> {
+            /// Serves `service`: one value, shared by every connection and request.
             pub fn new(service: #s) -> Self {
                 Self::from_arc(::std::sync::Arc::new(service))
             }

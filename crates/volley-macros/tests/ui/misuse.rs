@@ -18,3 +18,11 @@ trait BadArgument {
 }
 
 fn main() {}
+
+#[volley::service]
+trait Clashes {
+    async fn get(&self, x: u64) -> Result<u64, Status>;
+    async fn get_batch(&self, x: u64) -> Result<u64, Status>;
+    #[sync]
+    fn new(&self) -> Result<u64, Status>;
+}
