@@ -199,11 +199,10 @@ async fn drive(ep: Endpoint, sc: Scenario, method: Method, s: Settings) -> Resul
     match (ep, sc.kind, method) {
         (Endpoint::Volley(addr), Kind::Batch, m) => {
             let c = volley_echo::connect(&addr).await?;
-            let method =
-                if m == Method::BatchHandler { &volley_echo::ECHO_BATCH } else { &volley_echo::ECHO };
+            let to_batch_handler = m == Method::BatchHandler;
             let (chunk, window) = (s.chunk_size, s.chunk_window);
-            volley_echo::batch(&c, method, warm, chunk, window, sc.payload).await;
-            Ok(volley_echo::batch(&c, method, sc.requests, chunk, window, sc.payload).await)
+            volley_echo::batch(&c, to_batch_handler, warm, chunk, window, sc.payload).await;
+            Ok(volley_echo::batch(&c, to_batch_handler, sc.requests, chunk, window, sc.payload).await)
         }
         (Endpoint::Volley(addr), _, _) => load::run(volley_echo::connect(&addr).await?, spec).await,
         (Endpoint::Tonic(addr), Kind::Batch, Method::BidiStream) => {

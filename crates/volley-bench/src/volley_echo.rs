@@ -1,28 +1,41 @@
-//! The echo service in Volley: the same handler as `volley serve-echo` (`volley-cli`).
+//! The echo service in Volley, declared as a trait (`#[volley::service]`): the generated
+//! `EchoServer` serves it and the generated `EchoClient` calls it.
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
-use volley::{BatchOptions, Client, Method, Server};
+use futures::{Stream, StreamExt};
+use volley::{BatchOptions, Client, Server, Status};
 
 use crate::load::{Caller, CpuMeter, Sample, batch_sample, payload};
 
-/// `echo/echo`: returns its payload.
-pub const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
+#[volley::service]
+pub trait Echo {
+    /// `echo/echo`: returns its payload (a future per request, like the peers' handlers).
+    async fn echo(&self, payload: Bytes) -> Result<Bytes, Status>;
+    /// `echo/echo_all`: the same echo served by a batch handler, which gets every request that
+    /// arrived together as one `Vec` — Volley's way to serve batches without a future per
+    /// request. Used only by the batch scenario, as a second Volley method.
+    #[batch]
+    async fn echo_all(&self, payloads: Vec<Bytes>) -> Vec<Result<Bytes, Status>>;
+}
 
-/// `echo/echo_batch`: the same echo served by a batch handler (`ServerBuilder::handle_batch`),
-/// which gets every request that arrived together as one `Vec` — Volley's way to serve batches
-/// without a future per request. Used only by the batch scenario, as a second Volley method.
-pub const ECHO_BATCH: Method<Bytes, Bytes> = Method::new("echo", "echo_batch");
+struct Echoer;
+
+impl Echo for Echoer {
+    async fn echo(&self, payload: Bytes) -> Result<Bytes, Status> {
+        Ok(payload)
+    }
+
+    async fn echo_all(&self, payloads: Vec<Bytes>) -> Vec<Result<Bytes, Status>> {
+        payloads.into_iter().map(Ok).collect()
+    }
+}
 
 /// Starts the server on `addr` (`tcp://127.0.0.1:0`, `unix:///…`, `inproc://…`) and returns
 /// it with the address actually bound.
 pub async fn serve(addr: &str) -> Result<(Server, String), String> {
-    let server = Server::builder()
-        .handle(&ECHO, |b: Bytes| async move { Ok(b) })
-        .handle_batch(&ECHO_BATCH, |reqs: Vec<Bytes>| async move { reqs.into_iter().map(Ok).collect() })
-        .build();
+    let server = Server::builder().serve(EchoServer::new(Echoer)).build();
     let bound = server.listen(addr).await.map_err(|e| e.to_string())?;
     Ok((server, bound.to_string()))
 }
@@ -34,24 +47,24 @@ pub async fn stop(server: Server) {
 }
 
 #[derive(Clone)]
-pub struct VolleyCaller(pub Client);
+pub struct VolleyCaller(pub EchoClient);
 
 pub async fn connect(addr: &str) -> Result<VolleyCaller, String> {
-    Client::connect(addr).await.map(VolleyCaller).map_err(|e| e.to_string())
+    Client::connect(addr).await.map(|c| VolleyCaller(EchoClient::new(c))).map_err(|e| e.to_string())
 }
 
 impl Caller for VolleyCaller {
     async fn call(&mut self, payload: Bytes) -> Result<usize, String> {
-        self.0.call(&ECHO, payload).await.map(|r| r.len()).map_err(|e| e.to_string())
+        self.0.echo(payload).await.map(|r| r.len()).map_err(|e| e.to_string())
     }
 }
 
-/// `n` requests for `method` through the batch API: one `call_batch_stream`, which cuts them
-/// into chunks (one `BatchRequest` message each over unix/tcp) and keeps `window` chunks in
-/// flight.
+/// `n` requests through the batch API: one stream (`call_batch_stream` underneath), which
+/// cuts them into chunks (one `BatchRequest` message each over unix/tcp) and keeps `window`
+/// chunks in flight; to the batch handler (`echo_all`) or the per-request one (`echo`).
 pub async fn batch(
     client: &VolleyCaller,
-    method: &Method<Bytes, Bytes>,
+    to_batch_handler: bool,
     n: u64,
     chunk: usize,
     window: usize,
@@ -59,10 +72,24 @@ pub async fn batch(
 ) -> Sample {
     let body = payload(size);
     let opts = BatchOptions::default().chunk_size(chunk).window(window);
+    let reqs = (0..n).map(move |_| body.clone());
     let start = Instant::now();
     let cpu = CpuMeter::start();
+    let (ok, errors, first_error) = if to_batch_handler {
+        count(client.0.echo_all_stream(reqs, opts), size).await
+    } else {
+        count(client.0.echo_stream(reqs, opts), size).await
+    };
+    batch_sample(ok, errors, first_error, start.elapsed().as_secs_f64(), cpu)
+}
+
+/// Replies of `size` bytes, other outcomes, and the first of those.
+async fn count(
+    results: impl Stream<Item = volley::Result<Bytes>>,
+    size: usize,
+) -> (u64, u64, Option<String>) {
     let (mut ok, mut errors, mut first_error) = (0, 0, None);
-    let mut results = client.0.call_batch_stream(method, (0..n).map(|_| body.clone()), opts);
+    let mut results = std::pin::pin!(results);
     while let Some(r) = results.next().await {
         match r {
             Ok(reply) if reply.len() == size => ok += 1,
@@ -76,5 +103,5 @@ pub async fn batch(
             }
         }
     }
-    batch_sample(ok, errors, first_error, start.elapsed().as_secs_f64(), cpu)
+    (ok, errors, first_error)
 }

@@ -5,7 +5,9 @@
 //! `call_batch` of `--batch-size` requests. Latency of every call goes into an HDR histogram;
 //! throughput is calls (and requests) completed inside the measured window divided by its
 //! length. Frames and messages sent by the client show how well bundling works (messages per
-//! frame).
+//! frame). `--api` picks the `Method` layer or the `#[volley::service]` trait's generated client
+//! and server (`both`: side by side, in rounds interleaved by `--rounds`, with the ratio of the
+//! medians); `--hostile` adds a misbehaving connection beside the callers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -20,7 +22,8 @@ use volley::registry::{
 };
 use volley::{BatchOptions, Client, Method, Server, ServiceClient, Snapshot};
 
-use crate::echo::{ECHO, method_named, server_named};
+use crate::bench_api::{Api, ApiChoice, Figure};
+use crate::echo::{ECHO, EchoAsyncServer, EchoClient, EchoServer, Echoer, method_named, server_named_with};
 use crate::hostile::{self, Hostile};
 
 #[derive(Args, Debug, Clone)]
@@ -73,6 +76,21 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// The API that calls and serves: `method` (`Client::call(&ECHO, ..)` against a
+    /// `handle_fn` closure), `generated` (the `Echo` trait's `EchoClient` and `EchoServer`),
+    /// or `both` (a server for each in this process, measured in turn: with `--rounds`, the
+    /// generated form's cost against the `Method` layer's).
+    #[arg(long, value_enum, default_value_t = ApiChoice::Method)]
+    api: ApiChoice,
+    /// Measure everything this many times, interleaved (round 1 of every API and call style,
+    /// then round 2, ...; the APIs take turns going first); with `--api both` the text report
+    /// ends with the ratio of the medians.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// The in-process server's handler: `sync` (runs inline: `handle_fn`, a `#[sync] fn`) or
+    /// `async` (a future per request: `handle`, an `async fn`).
+    #[arg(long, value_enum, default_value_t = Handler::Sync)]
+    handler: Handler,
     /// Instead of Volley, run a bare tokio ping-pong (length-prefixed echo, one connection
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
@@ -82,13 +100,17 @@ pub struct BenchArgs {
     /// without end. Every round measures the callers without it, then with it.
     #[arg(long, value_enum)]
     hostile: Option<Hostile>,
-    /// Measurements of each kind, interleaved (with --hostile: clean, hostile, clean, ...).
-    #[arg(long, default_value_t = 1)]
-    rounds: usize,
     /// Each caller waits this long after every call (0: calls back to back). With
     /// `--concurrency 1 --pace-ms 10`, one connection calling every 10 ms.
     #[arg(long, default_value_t = 0)]
     pace_ms: u64,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Handler {
+    Sync,
+    Async,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -142,6 +164,12 @@ enum RuntimeMode {
 
 #[derive(Serialize, Debug)]
 struct Report {
+    /// `method` or `generated` (`--api`).
+    api: Api,
+    /// 1-based, with `--rounds`.
+    round: usize,
+    /// The in-process server's handler form (`sync` or `async`).
+    handler: Handler,
     transport: String,
     runtime: RuntimeMode,
     /// `single` or `batch`.
@@ -252,6 +280,22 @@ fn plan(args: &BenchArgs) -> Result<(RegistryMode, Vec<Style>), String> {
             "--hostile needs a tcp or unix server by address (no --raw, registry, inproc or tls)".into()
         );
     }
+    if args.api != ApiChoice::Method && (args.raw || args.service != ECHO.service()) {
+        return Err(format!(
+            "--api {:?} calls the `Echo` trait's service, `{}`: not with --raw or another --service",
+            args.api,
+            ECHO.service()
+        ));
+    }
+    if args.api == ApiChoice::Both && (mode != RegistryMode::None || args.connect.is_some()) {
+        return Err(
+            "--api both starts a server for each API in this process: not with --connect or a registry"
+                .into(),
+        );
+    }
+    if args.rounds == 0 {
+        return Err("--rounds must be at least 1".into());
+    }
     Ok((mode, styles))
 }
 
@@ -271,14 +315,25 @@ struct Local {
 }
 
 impl Local {
-    async fn start(args: &BenchArgs, mode: RegistryMode) -> Result<(Target, Local), String> {
-        let server = if args.transport == Transport::Tls {
-            crate::echo::server_named_with(&args.service, |b| b.tls(bench_tls().0.clone()))
-        } else {
-            server_named(&args.service)
+    async fn start(args: &BenchArgs, mode: RegistryMode, api: Api) -> Result<(Target, Local), String> {
+        let tls = |b: volley::ServerBuilder| match args.transport {
+            Transport::Tls => b.tls(bench_tls().0.clone()),
+            _ => b,
         };
-        let bound =
-            server.listen(&listen_address(args.transport, "echo")).await.map_err(|e| e.to_string())?;
+        let m = method_named(&args.service);
+        let (server, role) = match (api, args.handler) {
+            (Api::Method, Handler::Sync) => (server_named_with(&args.service, tls), "echo"),
+            (Api::Method, Handler::Async) => {
+                (tls(Server::builder().handle(&m, |b: Bytes| async move { Ok(b) })).build(), "echo")
+            }
+            (Api::Generated, Handler::Sync) => {
+                (tls(Server::builder().serve(EchoServer::new(Echoer))).build(), "echo-generated")
+            }
+            (Api::Generated, Handler::Async) => {
+                (tls(Server::builder().serve(EchoAsyncServer::new(Echoer))).build(), "echo-generated")
+            }
+        };
+        let bound = server.listen(&listen_address(args.transport, role)).await.map_err(|e| e.to_string())?;
         if mode == RegistryMode::None {
             return Ok((Target::Plain(bound.to_string()), Local { server, controller: None }));
         }
@@ -294,6 +349,21 @@ impl Local {
         Ok((Target::Registry(reg_addr, mode), Local { server, controller: Some(controller) }))
     }
 
+    /// A server (and controller) for each API, in this order.
+    async fn start_all(
+        args: &BenchArgs,
+        mode: RegistryMode,
+        apis: &[Api],
+    ) -> Result<(Vec<(Api, Target)>, Vec<Local>), String> {
+        let (mut targets, mut locals) = (Vec::new(), Vec::new());
+        for &api in apis {
+            let (target, local) = Local::start(args, mode, api).await?;
+            targets.push((api, target));
+            locals.push(local);
+        }
+        Ok((targets, locals))
+    }
+
     async fn shutdown(self) {
         self.server.shutdown().await;
         if let Some(c) = self.controller {
@@ -302,10 +372,13 @@ impl Local {
     }
 }
 
-/// The client side of the benchmark: a plain client, or a service client through a registry.
+/// The client side of the benchmark: a plain client, or a service client through a registry;
+/// through the `Method` layer or the generated `EchoClient`.
 enum Caller {
     Plain(Client),
     Service(ServiceClient, Method<Bytes, Bytes>),
+    Generated(EchoClient<Client>),
+    GeneratedService(EchoClient<ServiceClient>),
 }
 
 impl Caller {
@@ -314,6 +387,8 @@ impl Caller {
         let r = match self {
             Caller::Plain(c) => c.call(&ECHO, p).await,
             Caller::Service(c, m) => c.call(m, p).await,
+            Caller::Generated(c) => c.echo(p).await,
+            Caller::GeneratedService(c) => c.echo(p).await,
         };
         Outcome::of(std::iter::once(r), len)
     }
@@ -323,6 +398,8 @@ impl Caller {
         let results = match self {
             Caller::Plain(c) => c.call_batch_with(&ECHO, reqs, opts).await,
             Caller::Service(c, m) => c.call_batch_with(m, reqs, opts).await,
+            Caller::Generated(c) => c.echo_batch_with(reqs, opts).await,
+            Caller::GeneratedService(c) => c.echo_batch_with(reqs, opts).await,
         };
         Outcome::of(results, p.len())
     }
@@ -331,19 +408,21 @@ impl Caller {
     fn counters(&self) -> Snapshot {
         match self {
             Caller::Plain(c) => c.counters(),
+            Caller::Generated(c) => c.inner().counters(),
             Caller::Service(c, _) => c.stats().transport(),
+            Caller::GeneratedService(c) => c.inner().stats().transport(),
         }
     }
 
     /// (registry look-ups, messages to and from the controller).
     fn registry(&self) -> (u64, u64) {
-        match self {
-            Caller::Plain(_) => (0, 0),
-            Caller::Service(c, _) => {
-                let s = c.stats();
-                (s.lookups, s.registry_messages())
-            }
-        }
+        let service = match self {
+            Caller::Plain(_) | Caller::Generated(_) => return (0, 0),
+            Caller::Service(c, _) => c,
+            Caller::GeneratedService(c) => c.inner(),
+        };
+        let s = service.stats();
+        (s.lookups, s.registry_messages())
     }
 }
 
@@ -353,12 +432,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     // Checked here so a bad --mode fails before anything starts; `drive` reads the styles.
     let (mode, _) = plan(&args)?;
+    let apis = args.api.apis();
+    // `plan` allows several APIs only with servers started here.
+    let every_api = |target: Target| apis.iter().map(|&api| (api, target.clone())).collect::<Vec<_>>();
     let reports = match (&args.connect, &args.registry, args.runtime) {
-        (Some(addr), _, _) => {
-            client_runtime(args.runtime)?.block_on(drive(Target::Plain(addr.clone()), args.clone()))?
-        }
+        (Some(addr), _, _) => client_runtime(args.runtime)?
+            .block_on(drive(every_api(Target::Plain(addr.clone())), args.clone()))?,
         (None, Some(reg), _) => client_runtime(args.runtime)?
-            .block_on(drive(Target::Registry(reg.clone(), mode), args.clone()))?,
+            .block_on(drive(every_api(Target::Registry(reg.clone(), mode)), args.clone()))?,
         (None, None, RuntimeMode::Split) => {
             // The server (and the controller, in registry modes) get a thread and a
             // single-threaded runtime of their own.
@@ -373,15 +454,17 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                     rt.block_on(async move {
                         if server_args.raw {
                             let bound = raw::listen().await;
-                            let _ = target_tx.send(bound.map(Target::Plain));
+                            let _ = target_tx.send(bound.map(|b| vec![(Api::Method, Target::Plain(b))]));
                             let _ = stop_rx.await;
                             return;
                         }
-                        match Local::start(&server_args, mode).await {
-                            Ok((target, local)) => {
-                                let _ = target_tx.send(Ok(target));
+                        match Local::start_all(&server_args, mode, &apis).await {
+                            Ok((targets, locals)) => {
+                                let _ = target_tx.send(Ok(targets));
                                 let _ = stop_rx.await;
-                                local.shutdown().await;
+                                for local in locals {
+                                    local.shutdown().await;
+                                }
                             }
                             Err(e) => {
                                 let _ = target_tx.send(Err(e));
@@ -391,8 +474,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                     Ok(())
                 })
                 .map_err(|e| e.to_string())?;
-            let target = target_rx.recv().map_err(|e| e.to_string())??;
-            let reports = current_thread()?.block_on(drive(target, args.clone()));
+            let targets = target_rx.recv().map_err(|e| e.to_string())??;
+            let reports = current_thread()?.block_on(drive(targets, args.clone()));
             let _ = stop_tx.send(());
             server_thread.join().map_err(|_| "server thread panicked".to_string())??;
             reports?
@@ -400,11 +483,13 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         (None, None, runtime) => client_runtime(runtime)?.block_on(async {
             if args.raw {
                 let addr = raw::listen().await?;
-                return drive(Target::Plain(addr), args.clone()).await;
+                return drive(vec![(Api::Method, Target::Plain(addr))], args.clone()).await;
             }
-            let (target, local) = Local::start(&args, mode).await?;
-            let reports = drive(target, args.clone()).await;
-            local.shutdown().await;
+            let (targets, locals) = Local::start_all(&args, mode, &apis).await?;
+            let reports = drive(targets, args.clone()).await;
+            for local in locals {
+                local.shutdown().await;
+            }
             reports
         })?,
     };
@@ -424,6 +509,18 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     {
         let ratio = batch.items_per_s / single.items_per_s.max(f64::MIN_POSITIVE);
         println!("batch/single: {ratio:.1}x the requests per second");
+    }
+    if !args.json {
+        let style = |r: &Report| match r.mode {
+            Style::Single => "single",
+            Style::Batch => "batch",
+            Style::Mix => "mix",
+        };
+        let figures: Vec<Figure> = reports
+            .iter()
+            .map(|r| Figure { api: r.api, style: style(r), items_per_s: r.items_per_s })
+            .collect();
+        crate::bench_api::ratios(&figures).iter().for_each(|line| println!("{line}"));
     }
     let errors: u64 = reports.iter().map(|r| r.errors).sum();
     if errors > 0 {
@@ -538,56 +635,91 @@ impl Outcome {
     }
 }
 
-/// Every call style of the run, one after the other, against the same server.
-async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
+/// One API's end of the benchmark: where the load goes, and what calls.
+struct Side {
+    api: Api,
+    target: Target,
+    /// `None` for `--raw`.
+    caller: Option<Arc<Caller>>,
+    transport: String,
+    registry_mode: RegistryMode,
+}
+
+impl Side {
+    async fn connect(api: Api, target: Target, args: &BenchArgs) -> Result<Side, String> {
+        let (caller, transport, registry_mode) = match &target {
+            Target::Plain(addr) => {
+                let config = volley::ClientConfig {
+                    tls: addr.starts_with("tls://").then(|| bench_tls().1.clone()),
+                    ..Default::default()
+                };
+                let client = if args.raw {
+                    None
+                } else {
+                    Some(Client::connect_with(addr, config).await.map_err(|e| e.to_string())?)
+                };
+                let transport = if args.raw { "raw-tcp".to_string() } else { scheme(addr) };
+                let caller = client.map(|c| match api {
+                    Api::Method => Caller::Plain(c),
+                    Api::Generated => Caller::Generated(EchoClient::new(c)),
+                });
+                (caller, transport, RegistryMode::None)
+            }
+            Target::Registry(reg, mode) => {
+                let config = ServiceConfig {
+                    mode: if *mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct },
+                    ..ServiceConfig::default()
+                };
+                let client = ServiceClient::connect_with(reg, config)
+                    .await
+                    .map_err(|e| format!("registry {reg}: {e}"))?;
+                let transport = match mode {
+                    // Every call goes to the controller; the client never looks the service up.
+                    RegistryMode::Relayed => scheme(reg),
+                    // Resolves the service: the one look-up of the run.
+                    _ => {
+                        let instances = client
+                            .instances(&args.service)
+                            .await
+                            .map_err(|e| format!("{}: {e}", args.service))?;
+                        scheme(&instances[0].address)
+                    }
+                };
+                let caller = match api {
+                    Api::Method => Caller::Service(client, method_named(&args.service)),
+                    Api::Generated => Caller::GeneratedService(EchoClient::new(client)),
+                };
+                (Some(caller), transport, *mode)
+            }
+        };
+        Ok(Side { api, target, caller: caller.map(Arc::new), transport, registry_mode })
+    }
+}
+
+/// Every round, call style and API of the run, interleaved: round 1 of each style through
+/// each API, then round 2, so that a change in the machine's load falls on all alike. The
+/// APIs take turns going first (A B, B A, ...), so neither always runs right after the other.
+async fn drive(targets: Vec<(Api, Target)>, args: BenchArgs) -> Result<Vec<Report>, String> {
     let (_, styles) = plan(&args)?;
-    let (caller, transport, registry_mode) = match &target {
-        Target::Plain(addr) => {
-            let config = volley::ClientConfig {
-                tls: addr.starts_with("tls://").then(|| bench_tls().1.clone()),
-                ..Default::default()
-            };
-            let client = if args.raw {
-                None
-            } else {
-                Some(Client::connect_with(addr, config).await.map_err(|e| e.to_string())?)
-            };
-            let transport = if args.raw { "raw-tcp".to_string() } else { scheme(addr) };
-            (client.map(Caller::Plain), transport, RegistryMode::None)
-        }
-        Target::Registry(reg, mode) => {
-            let config = ServiceConfig {
-                mode: if *mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct },
-                ..ServiceConfig::default()
-            };
-            let client =
-                ServiceClient::connect_with(reg, config).await.map_err(|e| format!("registry {reg}: {e}"))?;
-            let transport = match mode {
-                // Every call goes to the controller; the client never looks the service up.
-                RegistryMode::Relayed => scheme(reg),
-                // Resolves the service: the one look-up of the run.
-                _ => {
-                    let instances = client
-                        .instances(&args.service)
-                        .await
-                        .map_err(|e| format!("{}: {e}", args.service))?;
-                    scheme(&instances[0].address)
-                }
-            };
-            (Some(Caller::Service(client, method_named(&args.service))), transport, *mode)
-        }
-    };
-    let caller = caller.map(Arc::new);
+    let mut sides = Vec::new();
+    for (api, target) in targets {
+        sides.push(Side::connect(api, target, &args).await?);
+    }
     let mut reports = Vec::new();
     let kinds: &[Option<Hostile>] = match &args.hostile {
         Some(h) => &[None, Some(*h)],
         None => &[None],
     };
-    for style in styles {
-        for _ in 0..args.rounds.max(1) {
-            for &hostile in kinds {
-                let run = Run { style, hostile };
-                reports.push(measure(&target, caller.clone(), &transport, registry_mode, &args, run).await?);
+    for round in 1..=args.rounds.max(1) {
+        for &style in &styles {
+            let mut order: Vec<&Side> = sides.iter().collect();
+            if round % 2 == 0 {
+                order.reverse();
+            }
+            for side in order {
+                for &hostile in kinds {
+                    reports.push(measure(side, &args, Run { style, round, hostile }).await?);
+                }
             }
         }
     }
@@ -598,18 +730,18 @@ async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
 #[derive(Clone, Copy)]
 struct Run {
     style: Style,
+    round: usize,
     hostile: Option<Hostile>,
 }
 
 /// One measurement: warm up, measure, gather the callers' histograms.
 async fn measure(
-    target: &Target,
-    caller: Option<Arc<Caller>>,
-    transport: &str,
-    registry_mode: RegistryMode,
+    side: &Side,
     args: &BenchArgs,
-    Run { style, hostile }: Run,
+    Run { style, round, hostile }: Run,
 ) -> Result<Report, String> {
+    let Side { api, target, caller, transport, registry_mode } = side;
+    let (api, registry_mode) = (*api, *registry_mode);
     let hostile = match (hostile, target) {
         (Some(kind), Target::Plain(addr)) => {
             Some(hostile::Running::start(kind, addr, &args.service, ECHO.name())?)
@@ -626,7 +758,7 @@ async fn measure(
     let mut callers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
         let (payload, phase) = (payload.clone(), phase.clone());
-        callers.push(match (&caller, target) {
+        callers.push(match (caller, target) {
             (Some(c), _) => {
                 let c = c.clone();
                 let mut turn = 0u64;
@@ -709,6 +841,9 @@ async fn measure(
     let frames_sent = after.frames_sent - before.frames_sent;
     let messages_sent = after.messages_sent - before.messages_sent;
     Ok(Report {
+        api,
+        round,
+        handler: args.handler,
         transport: transport.to_string(),
         runtime: args.runtime,
         mode: style,
@@ -809,13 +944,16 @@ fn print_report(r: &Report) {
         Style::Single => String::new(),
     };
     println!(
-        "{} echo, {} B payload, {} callers {}, runtime {:?}, {:?} calls{batch}",
+        "{} echo, {} B payload, {} callers {}, runtime {:?}, {:?} calls{batch}, {:?} API, {:?} handler, round {}",
         r.transport,
         r.payload,
         r.concurrency,
         how_callers_connect(&r.transport, r.registry_mode),
         r.runtime,
-        r.mode
+        r.mode,
+        r.api,
+        r.handler,
+        r.round
     );
     if let (Some(h), Some(sent)) = (r.hostile, r.hostile_bytes_sent) {
         println!("  beside a hostile client ({h:?}) that wrote {:.1} MiB", sent as f64 / (1 << 20) as f64);

@@ -2,10 +2,41 @@
 
 use volley::bytes::Bytes;
 use volley::registry::{InstanceSpec, LeaseConfig, Registry};
-use volley::{Method, Server, ServerBuilder};
+use volley::{Method, Server, ServerBuilder, Status};
+
+/// The echo service as a trait: what `volley bench --api generated` serves and calls through
+/// (`EchoServer`, `EchoClient`). `volley serve-echo` serves the same method at the level below
+/// ([`ECHO`] and `handle_fn`), because `--name` renames the service at run time.
+#[volley::service]
+pub trait Echo {
+    /// Returns its payload. Echo never waits: it runs inline.
+    #[sync]
+    fn echo(&self, payload: Bytes) -> Result<Bytes, Status>;
+}
+
+pub struct Echoer;
+
+impl Echo for Echoer {
+    fn echo(&self, payload: Bytes) -> Result<Bytes, Status> {
+        Ok(payload)
+    }
+}
+
+/// The same service and method with an `async fn` handler (a future per request), for
+/// `volley bench --handler async`: the generated client is the same, the server's form differs.
+#[volley::service(name = "echo")]
+pub trait EchoAsync {
+    async fn echo(&self, payload: Bytes) -> Result<Bytes, Status>;
+}
+
+impl EchoAsync for Echoer {
+    async fn echo(&self, payload: Bytes) -> Result<Bytes, Status> {
+        Ok(payload)
+    }
+}
 
 /// `echo/echo`: returns its payload.
-pub const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
+pub const ECHO: Method<Bytes, Bytes> = EchoMethods::ECHO;
 
 /// The echo method under another service name (`--name`): the method's service name is what
 /// travels on the wire, so a renamed service needs its own descriptor. Leaked once per process.

@@ -2,6 +2,7 @@
 //! run the search-engine testbed.
 
 mod bench;
+mod bench_api;
 mod codec_bench;
 mod controller;
 mod echo;

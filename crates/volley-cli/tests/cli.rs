@@ -393,10 +393,7 @@ fn bench_modes_embedded_registry_and_errors() {
         (&["--mode", "relayed", "--connect", "tcp://127.0.0.1:1"][..], "do not go with --connect"),
         (&["--mode", "sideways"][..], "invalid value"),
     ] {
-        let out = volley().arg("bench").args(args).output().unwrap();
-        assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(expect), "{args:?}: {err}");
+        assert_bench_refuses(args, expect);
     }
 }
 
@@ -453,4 +450,71 @@ fn bench_mode_mix_makes_single_and_batch_calls_and_reports_memory() {
         assert!(v["rss_start_kb"].as_u64().unwrap() > 0, "{v}");
         assert!(v["rss_end_kb"].as_u64().unwrap() > 0, "{v}");
     }
+}
+
+#[test]
+fn bench_api_both_interleaves_the_generated_and_method_forms_and_gives_their_ratio() {
+    let quick = ["--duration", "0.2", "--warmup", "0.05", "--concurrency", "8"];
+    let out = volley()
+        .args(["bench", "--api", "both", "--rounds", "2", "--mode", "both", "--transport", "unix", "--json"])
+        .args(quick)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let order: Vec<(u64, &str, &str)> = lines
+        .iter()
+        .map(|v| (v["round"].as_u64().unwrap(), v["mode"].as_str().unwrap(), v["api"].as_str().unwrap()))
+        .collect();
+    let mut expected = Vec::new();
+    for mode in ["single", "batch"] {
+        expected.extend([(1, mode, "method"), (1, mode, "generated")]);
+    }
+    for mode in ["single", "batch"] {
+        expected.extend([(2, mode, "generated"), (2, mode, "method")]);
+    }
+    assert_eq!(order, expected, "rounds, call styles and APIs interleaved; the APIs take turns going first");
+    for v in &lines {
+        assert_eq!(v["errors"], 0, "{v}");
+        assert!(v["calls"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["transport"], "unix", "{v}");
+    }
+
+    let text =
+        volley().args(["bench", "--api", "both", "--transport", "inproc"]).args(quick).output().unwrap();
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("generated/method, single: "), "{text}");
+    assert!(text.contains("medians of 1 rounds"), "{text}");
+
+    // The generated client through the registry: direct mode, one look-up.
+    let out = volley()
+        .args(["bench", "--api", "generated", "--mode", "direct", "--transport", "inproc", "--json"])
+        .args(quick)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["api"].as_str(), v["registry_mode"].as_str(), v["lookups"].as_u64()),
+        (Some("generated"), Some("direct"), Some(1))
+    );
+    assert!(v["calls"].as_u64().unwrap() > 0, "{v}");
+
+    for (args, expect) in [
+        (&["--api", "both", "--mode", "relayed"][..], "a server for each API"),
+        (&["--api", "generated", "--service", "other"][..], "calls the `Echo` trait's service"),
+        (&["--rounds", "0"][..], "at least 1"),
+    ] {
+        assert_bench_refuses(args, expect);
+    }
+}
+
+/// `volley bench ARGS` fails, saying `expect`.
+fn assert_bench_refuses(args: &[&str], expect: &str) {
+    let out = volley().arg("bench").args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expect), "{args:?}: {err}");
 }

@@ -1,14 +1,20 @@
-//! The testbed's roles as Volley services, and their messages.
+//! The testbed's roles as Volley services (one `#[volley::service]` trait each), and their
+//! messages.
 //!
 //! - **Document** (`document`): holds the corpus; `index` sends it through LA and into the
 //!   Index shards, a chunk of documents at a time; `lengths` gives every document's length.
 //! - **LA** (`la`): `analyze` turns a chunk of documents into term frequencies and lengths.
 //! - **Index** (`index`, one instance per shard): `add` takes postings for many terms, `lookup`
 //!   returns the postings of the requested terms it holds. Terms are routed to shards by key
-//!   hash: a single posting with `call_keyed(term)`; a chunk grouped by the shard that owns
-//!   each term on the registry's hash ring, one `call_keyed` per shard.
+//!   hash: a single posting with `add_keyed(term)`; a chunk grouped by the shard that owns
+//!   each term on the registry's hash ring, one `add_keyed` per shard.
 //! - **Main** (`main`): `search` answers a chunk of queries by a scatter-gather of one
-//!   `lookup` to every shard, merging the posting lists and ranking by BM25.
+//!   `lookup` to every shard (`lookup_scatter`), merging the posting lists and ranking by BM25.
+//!
+//! The traits are generic over the codec tier `C` (see [`crate::codec`]): every message is
+//! `C::W<T>`, so one implementation serves both tiers and a run fixes its tier at compile
+//! time; the generated clients and servers carry the parameter (`IndexClient<C, ServiceClient>`,
+//! `IndexServer<C, _>`).
 //!
 //! Every role serves a `stats` method with its server's counters (messages and bytes), read by
 //! the driver when the roles run in other processes.
@@ -24,20 +30,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use volley::codec::Bitcode;
-use volley::registry::{
-    HashRing, InstanceSpec, LeaseConfig, Mode, Registration, Registry, ServiceConfig, hash_key,
-};
-use volley::{CallOptions, Code, Method, Server, ServerBuilder, ServiceClient, Status};
+use volley::registry::{HashRing, Mode, Registration, Registry, ServiceConfig, hash_key};
+use volley::{CallOptions, Code, Method, Server, ServiceClient, Status};
 
 use crate::analyzer;
-use crate::codec::Codec;
+use crate::codec::{Codec, Fast};
 use crate::corpus::{CorpusSpec, DocText};
 use crate::search::{self, CorpusStats, Hit, Posting, Query};
 
-pub const DOCUMENT: &str = "document";
-pub const LA: &str = "la";
-pub const INDEX: &str = "index";
-pub const MAIN: &str = "main";
+// The services' names, from their traits (a name does not depend on the codec tier).
+pub const DOCUMENT: &str = <DocumentMethods<Fast>>::SERVICE;
+pub const LA: &str = <LaMethods<Fast>>::SERVICE;
+pub const INDEX: &str = <IndexMethods<Fast>>::SERVICE;
+pub const MAIN: &str = <MainMethods<Fast>>::SERVICE;
 
 /// Long enough for the slowest configuration's whole indexing run (one call).
 pub const LONG_CALL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -82,31 +87,47 @@ impl Counts {
     }
 }
 
-pub type M<C, Req, Resp> = Method<<C as Codec>::W<Req>, <C as Codec>::W<Resp>>;
+/// LA: analysis of a chunk of documents.
+#[volley::service(name = "la")]
+pub trait La<C: Codec> {
+    /// Each document's length in terms and its distinct terms with frequencies.
+    #[sync]
+    fn analyze(&self, req: C::W<AnalyzeReq>) -> Result<C::W<AnalyzeResp>, Status>;
+}
 
-pub fn analyze<C: Codec>() -> M<C, AnalyzeReq, AnalyzeResp> {
-    Method::new(LA, "analyze")
+/// An Index shard: an inverted index over the terms routed to it.
+#[volley::service(name = "index")]
+pub trait Index<C: Codec> {
+    /// Adds postings; returns how many.
+    #[sync]
+    fn add(&self, req: C::W<AddReq>) -> Result<C::W<AddResp>, Status>;
+    /// The postings of the requested terms this shard holds.
+    #[sync]
+    fn lookup(&self, req: C::W<LookupReq>) -> Result<C::W<LookupResp>, Status>;
 }
-pub fn add<C: Codec>() -> M<C, AddReq, AddResp> {
-    Method::new(INDEX, "add")
+
+/// Document: holds the corpus and sends it through LA into the shards.
+#[volley::service(name = "document")]
+pub trait Document<C: Codec> {
+    /// Indexes the whole corpus (one call for the whole run).
+    async fn index(&self, req: C::W<Empty>) -> Result<C::W<IndexResp>, Status>;
+    /// Every document's length, once indexed.
+    #[sync]
+    fn lengths(&self, req: C::W<Empty>) -> Result<C::W<LengthsResp>, Status>;
 }
-pub fn lookup<C: Codec>() -> M<C, LookupReq, LookupResp> {
-    Method::new(INDEX, "lookup")
+
+/// Main: answers queries by scatter-gather over the shards.
+#[volley::service(name = "main")]
+pub trait Main<C: Codec> {
+    /// Fetches the document lengths from Document (once, before the queries).
+    async fn prepare(&self, req: C::W<Empty>) -> Result<C::W<Empty>, Status>;
+    /// Answers a chunk of queries.
+    async fn search(&self, req: C::W<SearchReq>) -> Result<C::W<SearchResp>, Status>;
 }
-pub fn index<C: Codec>() -> M<C, Empty, IndexResp> {
-    Method::new(DOCUMENT, "index")
-}
-pub fn lengths<C: Codec>() -> M<C, Empty, LengthsResp> {
-    Method::new(DOCUMENT, "lengths")
-}
-pub fn prepare<C: Codec>() -> M<C, Empty, Empty> {
-    Method::new(MAIN, "prepare")
-}
-pub fn search<C: Codec>() -> M<C, SearchReq, SearchResp> {
-    Method::new(MAIN, "search")
-}
+
 /// The counters of a role's server (always in the fast tier: it is the driver's, not the
-/// testbed's traffic).
+/// testbed's traffic). The same method under every role's service name, so it is declared at
+/// the level below the traits: a `Method` per service name.
 pub fn stats(service: &'static str) -> Method<Bitcode<Empty>, Bitcode<Counts>> {
     Method::new(service, "stats")
 }
@@ -207,19 +228,26 @@ pub async fn start<C: Codec>(
         .await
     };
     let builder = match role {
-        Role::La => la::<C>(),
-        Role::Index(_) => shard::<C>(),
+        Role::La => Server::builder().serve(LaServer::<C, _>::new(LaRole)),
+        Role::Index(_) => Server::builder().serve(IndexServer::<C, _>::new(Shard::default())),
         Role::Document => {
             let corpus = settings.corpus.load().map_err(|e| volley::Error::Usage(format!("corpus: {e}")))?;
-            document::<C>(Arc::new(DocumentState {
+            let client = connect().await?;
+            Server::builder().serve(DocumentServer::<C, _>::new(DocumentRole {
                 corpus,
                 lengths: Mutex::default(),
-                client: connect().await?,
+                la: LaClient::new(client.clone()),
+                index: IndexClient::new(client),
                 batch: settings.batch.max(1),
             }))
         }
         Role::Main => {
-            main_role::<C>(Arc::new(MainState { client: connect().await?, lengths: OnceLock::new() }))
+            let client = connect().await?;
+            Server::builder().serve(MainServer::<C, _>::new(MainRole {
+                document: DocumentClient::new(client.clone()),
+                index: IndexClient::new(client),
+                lengths: OnceLock::new(),
+            }))
         }
     };
     let slot: Arc<Mutex<Option<Server>>> = Arc::default();
@@ -232,19 +260,16 @@ pub async fn start<C: Codec>(
             .build()
     };
     *slot.lock().unwrap() = Some(server.clone());
-    let bound = server.listen(listen).await?;
     let registry = Registry::connect(&settings.registry).await?;
-    let registration = registry
-        .register(&server, vec![InstanceSpec::new(role.service(), bound.to_string())], LeaseConfig::default())
-        .await?;
+    let (_, registration) = server.listen_and_register(listen, &registry).await?;
     Ok(RunningRole { role, server, stats_slot: slot, _registration: registration })
 }
 
-/// LA: analysis of a chunk of documents.
-fn la<C: Codec>() -> ServerBuilder {
-    Server::builder().handle_fn(&analyze::<C>(), |req| {
-        let req = C::unwrap(req);
-        let docs = req
+struct LaRole;
+
+impl<C: Codec> La<C> for LaRole {
+    fn analyze(&self, req: C::W<AnalyzeReq>) -> Result<C::W<AnalyzeResp>, Status> {
+        let docs = C::unwrap(req)
             .docs
             .iter()
             .map(|d| {
@@ -253,189 +278,193 @@ fn la<C: Codec>() -> ServerBuilder {
             })
             .collect();
         Ok(AnalyzeResp { docs }.into())
-    })
+    }
 }
 
-/// An Index shard: an inverted index over the terms routed to it.
-fn shard<C: Codec>() -> ServerBuilder {
-    let index: Arc<Mutex<HashMap<String, Vec<Posting>>>> = Arc::default();
-    let i2 = index.clone();
-    Server::builder()
-        .handle_fn(&add::<C>(), move |req| {
-            let req = C::unwrap(req);
-            let mut index = i2.lock().unwrap();
-            let mut n = 0;
-            for tp in req.terms {
-                n += tp.postings.len() as u64;
-                index.entry(tp.term).or_default().extend(tp.postings);
-            }
-            Ok(AddResp { postings: n }.into())
-        })
-        .handle_fn(&lookup::<C>(), move |req| {
-            let req = C::unwrap(req);
-            let index = index.lock().unwrap();
-            let terms = req
-                .terms
-                .into_iter()
-                .filter_map(|t| index.get(&t).map(|p| TermPostings { postings: p.clone(), term: t }))
-                .collect();
-            Ok(LookupResp { terms }.into())
-        })
+#[derive(Default)]
+struct Shard {
+    index: Mutex<HashMap<String, Vec<Posting>>>,
 }
 
-struct DocumentState {
+impl<C: Codec> Index<C> for Shard {
+    fn add(&self, req: C::W<AddReq>) -> Result<C::W<AddResp>, Status> {
+        let mut index = self.index.lock().unwrap();
+        let mut n = 0;
+        for tp in C::unwrap(req).terms {
+            n += tp.postings.len() as u64;
+            index.entry(tp.term).or_default().extend(tp.postings);
+        }
+        Ok(AddResp { postings: n }.into())
+    }
+
+    fn lookup(&self, req: C::W<LookupReq>) -> Result<C::W<LookupResp>, Status> {
+        let index = self.index.lock().unwrap();
+        let terms = C::unwrap(req)
+            .terms
+            .into_iter()
+            .filter_map(|t| index.get(&t).map(|p| TermPostings { postings: p.clone(), term: t }))
+            .collect();
+        Ok(LookupResp { terms }.into())
+    }
+}
+
+struct DocumentRole<C: Codec> {
     corpus: Vec<DocText>,
     lengths: Mutex<Vec<u32>>,
-    client: ServiceClient,
+    la: LaClient<C, ServiceClient>,
+    index: IndexClient<C, ServiceClient>,
     batch: usize,
 }
 
-fn document<C: Codec>(st: Arc<DocumentState>) -> ServerBuilder {
-    let s2 = st.clone();
-    Server::builder()
-        .handle(&index::<C>(), move |_| {
-            let st = st.clone();
-            async move { index_corpus::<C>(&st).await.map(Into::into).map_err(internal) }
-        })
-        .handle_fn(&lengths::<C>(), move |_| {
-            Ok(LengthsResp { lengths: s2.lengths.lock().unwrap().clone() }.into())
-        })
+impl<C: Codec> Document<C> for DocumentRole<C> {
+    async fn index(&self, _: C::W<Empty>) -> Result<C::W<IndexResp>, Status> {
+        self.index_corpus().await.map(Into::into).map_err(internal)
+    }
+
+    fn lengths(&self, _: C::W<Empty>) -> Result<C::W<LengthsResp>, Status> {
+        Ok(LengthsResp { lengths: self.lengths.lock().unwrap().clone() }.into())
+    }
 }
 
-/// Sends the corpus through LA into the shards, a chunk of `batch` documents at a time.
-async fn index_corpus<C: Codec>(st: &DocumentState) -> Result<IndexResp, volley::Error> {
-    let client = &st.client;
-    let mut lengths = vec![0u32; st.corpus.len()];
-    let mut postings = 0u64;
-    // Batch mode groups a chunk's terms by the shard that owns them on the registry's hash
-    // ring (the ring key routing uses), then sends each group keyed by one of its terms.
-    let ring = if st.batch > 1 {
-        let instances = client.instances(INDEX).await?;
-        Some(HashRing::new(instances.iter().map(|i| (i.address.as_str(), i.weight))))
-    } else {
-        None
-    };
-    let check = |results: Vec<Result<C::W<AddResp>, volley::Error>>| -> Result<u64, volley::Error> {
-        results.into_iter().map(|r| r.map(|a| C::unwrap(a).postings)).sum()
-    };
-    for chunk in st.corpus.chunks(st.batch) {
-        let analyzed =
-            C::unwrap(client.call(&analyze::<C>(), AnalyzeReq { docs: chunk.to_vec() }.into()).await?);
-        for d in &analyzed.docs {
-            let slot = lengths
-                .get_mut(d.id as usize)
-                .ok_or_else(|| volley::Error::Usage(format!("LA returned unknown document {}", d.id)))?;
-            *slot = d.len;
+impl<C: Codec> DocumentRole<C> {
+    /// Sends the corpus through LA into the shards, a chunk of `batch` documents at a time.
+    async fn index_corpus(&self) -> Result<IndexResp, volley::Error> {
+        let mut lengths = vec![0u32; self.corpus.len()];
+        let mut postings = 0u64;
+        // Batch mode groups a chunk's terms by the shard that owns them on the registry's hash
+        // ring (the ring key routing uses), then sends each group keyed by one of its terms.
+        let ring = if self.batch > 1 {
+            let instances = self.index.inner().instances(INDEX).await?;
+            Some(HashRing::new(instances.iter().map(|i| (i.address.as_str(), i.weight))))
+        } else {
+            None
+        };
+        for chunk in self.corpus.chunks(self.batch) {
+            let analyzed = C::unwrap(self.la.analyze(AnalyzeReq { docs: chunk.to_vec() }.into()).await?);
+            for d in &analyzed.docs {
+                let slot = lengths
+                    .get_mut(d.id as usize)
+                    .ok_or_else(|| volley::Error::Usage(format!("LA returned unknown document {}", d.id)))?;
+                *slot = d.len;
+            }
+            let groups = match &ring {
+                None => single_postings(analyzed.docs),
+                Some(ring) => postings_by_shard(analyzed.docs, ring),
+            };
+            let calls = groups.into_iter().map(|g| {
+                let key = g[0].term.clone();
+                async move { self.index.add_keyed(&key, AddReq { terms: g }.into()).await }
+            });
+            for r in futures_util::future::join_all(calls).await {
+                postings += C::unwrap(r?).postings;
+            }
         }
-        match &ring {
-            None => {
-                for d in analyzed.docs {
-                    let calls = d.terms.into_iter().map(|(term, tf)| async move {
-                        let req = AddReq {
-                            terms: vec![TermPostings { postings: vec![Posting { doc: d.id, tf }], term }],
-                        };
-                        let key = req.terms[0].term.clone();
-                        client.call_keyed(&add::<C>(), &key, req.into()).await
-                    });
-                    postings += check(futures_util::future::join_all(calls).await)?;
-                }
-            }
-            Some(ring) => {
-                let mut by_term: BTreeMap<String, Vec<Posting>> = BTreeMap::new();
-                for d in analyzed.docs {
-                    for (term, tf) in d.terms {
-                        by_term.entry(term).or_default().push(Posting { doc: d.id, tf });
-                    }
-                }
-                let mut groups: Vec<Vec<TermPostings>> = vec![Vec::new(); ring.len()];
-                for (term, list) in by_term {
-                    let owner = ring.node(hash_key(&term)).unwrap_or(0);
-                    groups[owner].push(TermPostings { term, postings: list });
-                }
-                let calls = groups.into_iter().filter(|g| !g.is_empty()).map(|g| async move {
-                    let key = g[0].term.clone();
-                    client.call_keyed(&add::<C>(), &key, AddReq { terms: g }.into()).await
-                });
-                postings += check(futures_util::future::join_all(calls).await)?;
-            }
+        let docs = self.corpus.len() as u32;
+        *self.lengths.lock().unwrap() = lengths;
+        Ok(IndexResp { docs, postings })
+    }
+}
+
+/// Single mode: one posting per request, the requests of a chunk sent concurrently.
+fn single_postings(docs: Vec<Analyzed>) -> Vec<Vec<TermPostings>> {
+    docs.into_iter()
+        .flat_map(|d| {
+            d.terms
+                .into_iter()
+                .map(move |(term, tf)| vec![TermPostings { postings: vec![Posting { doc: d.id, tf }], term }])
+        })
+        .collect()
+}
+
+/// Batch mode: every posting of the chunk, grouped by the shard that owns its term.
+fn postings_by_shard(docs: Vec<Analyzed>, ring: &HashRing) -> Vec<Vec<TermPostings>> {
+    let mut by_term: BTreeMap<String, Vec<Posting>> = BTreeMap::new();
+    for d in docs {
+        for (term, tf) in d.terms {
+            by_term.entry(term).or_default().push(Posting { doc: d.id, tf });
         }
     }
-    let docs = st.corpus.len() as u32;
-    *st.lengths.lock().unwrap() = lengths;
-    Ok(IndexResp { docs, postings })
+    let mut groups: Vec<Vec<TermPostings>> = vec![Vec::new(); ring.len()];
+    for (term, list) in by_term {
+        let owner = ring.node(hash_key(&term)).unwrap_or(0);
+        groups[owner].push(TermPostings { term, postings: list });
+    }
+    groups.retain(|g| !g.is_empty());
+    groups
 }
 
-struct MainState {
-    client: ServiceClient,
+struct MainRole<C: Codec> {
+    document: DocumentClient<C, ServiceClient>,
+    index: IndexClient<C, ServiceClient>,
     lengths: OnceLock<(Vec<u32>, CorpusStats)>,
 }
 
-fn main_role<C: Codec>(st: Arc<MainState>) -> ServerBuilder {
-    let s2 = st.clone();
-    Server::builder()
-        .handle(&prepare::<C>(), move |_| {
-            let st = s2.clone();
-            async move {
-                let r = st.client.call(&lengths::<C>(), Empty {}.into()).await.map_err(internal)?;
-                let lengths = C::unwrap(r).lengths;
-                let stats = CorpusStats::from_lengths(&lengths);
-                let _ = st.lengths.set((lengths, stats));
-                Ok(Empty {}.into())
-            }
-        })
-        .handle(&search::<C>(), move |req| {
-            let st = st.clone();
-            async move { answer::<C>(&st, C::unwrap(req).queries).await.map(Into::into).map_err(internal) }
-        })
+impl<C: Codec> Main<C> for MainRole<C> {
+    async fn prepare(&self, _: C::W<Empty>) -> Result<C::W<Empty>, Status> {
+        let lengths = C::unwrap(self.document.lengths(Empty {}.into()).await?).lengths;
+        let stats = CorpusStats::from_lengths(&lengths);
+        let _ = self.lengths.set((lengths, stats));
+        Ok(Empty {}.into())
+    }
+
+    async fn search(&self, req: C::W<SearchReq>) -> Result<C::W<SearchResp>, Status> {
+        self.answer(C::unwrap(req).queries).await.map(Into::into).map_err(internal)
+    }
 }
 
-/// Main's scatter-gather: one lookup of every term of the chunk to every shard, merged, ranked.
-async fn answer<C: Codec>(st: &MainState, queries: Vec<Query>) -> Result<SearchResp, volley::Error> {
-    let (lengths, stats) =
-        st.lengths.get().ok_or_else(|| volley::Error::Usage("search before prepare".into()))?;
-    let terms: BTreeSet<String> = queries.iter().flat_map(|q| q.terms()).collect();
-    let req = LookupReq { terms: terms.into_iter().collect() };
-    let gathered = st.client.scatter(&lookup::<C>(), req.into()).await?;
-    let mut postings: HashMap<String, Vec<Posting>> = HashMap::new();
-    for g in gathered {
-        for tp in C::unwrap(g.result?).terms {
-            // A term lives on one shard; were it on two, its postings would add up and the
-            // results would no longer match the oracle, which the testbed checks.
-            postings.entry(tp.term).or_default().extend(tp.postings);
+impl<C: Codec> MainRole<C> {
+    /// Main's scatter-gather: one lookup of every term of the chunk to every shard, merged,
+    /// ranked.
+    async fn answer(&self, queries: Vec<Query>) -> Result<SearchResp, volley::Error> {
+        let (lengths, stats) =
+            self.lengths.get().ok_or_else(|| volley::Error::Usage("search before prepare".into()))?;
+        let terms: BTreeSet<String> = queries.iter().flat_map(|q| q.terms()).collect();
+        let req = LookupReq { terms: terms.into_iter().collect() };
+        let gathered = self.index.lookup_scatter(req.into()).await?;
+        let mut postings: HashMap<String, Vec<Posting>> = HashMap::new();
+        for g in gathered {
+            for tp in C::unwrap(g.result?).terms {
+                // A term lives on one shard; were it on two, its postings would add up and the
+                // results would no longer match the oracle, which the testbed checks.
+                postings.entry(tp.term).or_default().extend(tp.postings);
+            }
         }
+        let results =
+            queries.iter().map(|q| search::rank(q, &postings, lengths, *stats, search::TOP_K)).collect();
+        Ok(SearchResp { results })
     }
-    let results =
-        queries.iter().map(|q| search::rank(q, &postings, lengths, *stats, search::TOP_K)).collect();
-    Ok(SearchResp { results })
 }
 
 /// The driver's side: index the corpus, then answer queries, through a [`ServiceClient`].
 pub struct Driver<C: Codec> {
-    pub client: ServiceClient,
+    document: DocumentClient<C, ServiceClient>,
+    main: MainClient<C, ServiceClient>,
     pub batch: usize,
-    _c: std::marker::PhantomData<C>,
 }
 
 impl<C: Codec> Driver<C> {
     pub fn new(client: ServiceClient, batch: usize) -> Self {
-        Driver { client, batch: batch.max(1), _c: std::marker::PhantomData }
+        Driver {
+            document: DocumentClient::new(client.clone()),
+            main: MainClient::new(client),
+            batch: batch.max(1),
+        }
     }
 
     pub async fn index(&self) -> Result<IndexResp, volley::Error> {
         let opts = CallOptions::default().timeout(LONG_CALL);
-        Ok(C::unwrap(self.client.call_with(&index::<C>(), Empty {}.into(), opts).await?))
+        Ok(C::unwrap(self.document.index_with(Empty {}.into(), opts).await?))
     }
 
     pub async fn prepare(&self) -> Result<(), volley::Error> {
-        self.client.call(&prepare::<C>(), Empty {}.into()).await.map(|_| ())
+        self.main.prepare(Empty {}.into()).await.map(|_| ())
     }
 
     /// Answers `queries` a chunk at a time, one chunk after the other.
     pub async fn search(&self, queries: &[Query]) -> Result<Vec<Vec<Hit>>, volley::Error> {
         let mut out = Vec::with_capacity(queries.len());
         for chunk in queries.chunks(self.batch) {
-            let r = self.client.call(&search::<C>(), SearchReq { queries: chunk.to_vec() }.into()).await?;
-            let r = C::unwrap(r).results;
+            let r = C::unwrap(self.main.search(SearchReq { queries: chunk.to_vec() }.into()).await?).results;
             if r.len() != chunk.len() {
                 return Err(volley::Error::Usage(format!("{} answers for {} queries", r.len(), chunk.len())));
             }

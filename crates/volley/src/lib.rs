@@ -5,26 +5,44 @@
 //! batches — over in-process queues, Unix sockets or TCP, with the same API.
 //!
 //! ```
-//! use volley::{Client, Method, Server};
+//! use volley::{Client, Server, Status};
 //!
-//! const ECHO: Method<String, String> = Method::new("echo", "say");
+//! /// A service is a trait; the attribute writes the typed client and the server glue.
+//! #[volley::service]
+//! trait Echo {
+//!     async fn say(&self, s: String) -> Result<String, Status>;
+//! }
+//!
+//! struct Loud;
+//! impl Echo for Loud {
+//!     async fn say(&self, s: String) -> Result<String, Status> {
+//!         Ok(s.to_uppercase())
+//!     }
+//! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> volley::Result<()> {
-//! let server = Server::builder().handle(&ECHO, |s: String| async move { Ok(s) }).build();
+//! let server = Server::builder().serve(EchoServer::new(Loud)).build();
 //! server.listen("inproc://doc-echo").await?; // or unix:///tmp/echo.sock, tcp://127.0.0.1:7000
 //!
-//! let client = Client::connect("inproc://doc-echo").await?;
-//! assert_eq!(client.call(&ECHO, "hi".to_string()).await?, "hi");
+//! let echo = EchoClient::new(Client::connect("inproc://doc-echo").await?);
+//! assert_eq!(echo.say("hi".to_string()).await?, "HI");
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
 //!
+//! Below the traits, a method is a typed descriptor, [`Method<Req, Resp>`](Method), and a
+//! handler a closure: `Server::builder().handle(&EchoMethods::SAY, |s: String| async move {
+//! Ok(s) })`, `client.call(&EchoMethods::SAY, s)`. The generated code is made of exactly these
+//! calls, and they remain available for anything the traits do not cover.
+//!
 //! Layers, bottom up: [`proto`] (sans-IO wire format), [`transport`] (inproc, unix, tcp;
 //! send-side bundling and batch reads), [`codec`] (how values become bytes), then
-//! [`Client`] and [`Server`]; on top, the [`registry`] (controller, leases, watches, client
-//! ids) and [`ServiceClient`] (calls by service name: balancing, key routing, failover,
-//! scatter-gather). `docs/ARCHITECTURE.md` tells the whole story.
+//! [`Client`] and [`Server`]; on top, [`#[volley::service]`](macro@service) (services as
+//! traits, with [`service`] for what it generates code against), the [`registry`]
+//! (controller, leases, watches, client ids) and [`ServiceClient`] (calls by service name:
+//! balancing, key routing, failover, scatter-gather). `docs/ARCHITECTURE.md` tells the whole
+//! story; `docs/SERVICES.md` is the guide to services.
 
 mod chunks;
 pub mod client;
@@ -38,6 +56,7 @@ pub mod pool;
 pub mod proto;
 pub mod registry;
 pub mod server;
+pub mod service;
 pub mod stats;
 pub mod transport;
 
@@ -54,3 +73,10 @@ pub use registry::{Registry, ServiceClient};
 pub use server::{Server, ServerBuilder, ServerConfig};
 pub use stats::Snapshot;
 pub use transport::Address;
+
+/// The guide's examples (docs/SERVICES.md) run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/SERVICES.md")]
+pub struct ServicesGuide;
+#[doc = include_str!("service/macro.md")]
+pub use volley_macros::service;

@@ -109,6 +109,13 @@ pub use pod::PodVec;
 pub use wrap::{Bitcode, BitcodeSerde, Json, MsgPack};
 
 /// A value that can travel in a request or reply.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Volley wire type, so it cannot be a request or a reply",
+    label = "not a wire type",
+    note = "declare its codec tier with `volley::wire!({Self})` (serde, encoded with bitcode), or \
+            `wire!(bitcode: …)`, `wire!(pod: …)`, `wire!(json: …)`, `wire!(msgpack: …)`; or wrap \
+            it (`volley::codec::Json<…>`)"
+)]
 pub trait Wire: Sized + Send + Sync + 'static {
     /// The tier this type's encoding belongs to (for tools and reports; it changes nothing at
     /// run time). Hand-written impls are [`Tier::Custom`] unless they say otherwise.

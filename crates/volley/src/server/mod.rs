@@ -435,6 +435,13 @@ impl Server {
         self.shared.admission.counts()
     }
 
+    /// The names of the services this server has handlers for, sorted.
+    pub fn services(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.shared.router.service_names().map(str::to_string).collect();
+        names.sort();
+        names
+    }
+
     /// Addresses this server is listening on.
     pub fn addresses(&self) -> Vec<Address> {
         self.shared.bound.lock().clone()

@@ -41,6 +41,10 @@ impl Router {
         })
     }
 
+    pub fn service_names(&self) -> impl Iterator<Item = &str> {
+        self.services.keys().map(|s| &**s)
+    }
+
     pub fn routes(&self) -> impl Iterator<Item = &Route> {
         self.services.values().flat_map(|m| m.values())
     }
