@@ -59,7 +59,9 @@ pub(super) async fn serve<S: ByteStream>(shared: Arc<Shared>, stream: S) {
     let inflight = TaskTracker::new();
     let mut reader = FrameReader::new(rd, limits).with_read_timeout(shared.config.read_timeout);
     let mut batch = Vec::new();
-    let mut dispatch = Dispatch { peer: Some(peer.as_str().into()), ..Dispatch::default() };
+    // Layers above see the connection close when this function returns (the guard drops).
+    let (peer_scope, _closes_with_serve) = super::Peer::open(&peer);
+    let mut dispatch = Dispatch { peer: Some(peer_scope), ..Dispatch::default() };
     let mut authenticated = shared.config.tokens.is_empty();
     // Keepalive without a clock read per batch: a timer fires every interval and compares a
     // count of reads with the count it saw last time.
@@ -209,8 +211,8 @@ struct Dispatch {
     pongs: Vec<u64>,
     /// The ids of the requests handed to the handler being started (see [`Dispatch::start`]).
     started: Vec<u64>,
-    /// The peer's address, the [`current_peer`](super::current_peer) of its handlers.
-    peer: Option<Arc<str>>,
+    /// The peer, the [`current_peer`](super::current_peer) of its handlers.
+    peer: Option<Arc<super::Peer>>,
 }
 
 /// A handler's finished replies, waiting for the end of the turn.
