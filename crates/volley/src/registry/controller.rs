@@ -507,7 +507,7 @@ impl Relay {
                     keep_last_good: false,
                 };
                 let fresh = Arc::new(RelayPool {
-                    pool: Arc::new(Pool::new(service.to_string(), config, self.stats.clone())),
+                    pool: Pool::new(service.to_string(), config, self.stats.clone()),
                     seen: AtomicU64::new(0),
                 });
                 self.pools.lock().entry(service.to_string()).or_insert(fresh).clone()

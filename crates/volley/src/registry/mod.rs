@@ -25,6 +25,8 @@ mod backoff;
 mod client_ids;
 mod control;
 mod controller;
+mod ejection;
+mod endpoint;
 mod hash;
 mod pool;
 mod registration;
