@@ -20,6 +20,7 @@ use volley::registry::{
 use volley::{BatchOptions, Client, Method, Server, ServiceClient, Snapshot};
 
 use crate::echo::{ECHO, method_named, server_named};
+use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -393,7 +394,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     };
     for report in &reports {
         if args.json {
-            println!("{}", serde_json::to_string(report).map_err(|e| e.to_string())?);
+            outln!("{}", serde_json::to_string(report).map_err(|e| e.to_string())?);
         } else {
             print_report(report);
         }
@@ -402,7 +403,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         && !args.json
     {
         let ratio = batch.items_per_s / single.items_per_s.max(f64::MIN_POSITIVE);
-        println!("batch/single: {ratio:.1}x the requests per second");
+        outln!("batch/single: {ratio:.1}x the requests per second");
     }
     let errors: u64 = reports.iter().map(|r| r.errors).sum();
     if errors > 0 {
@@ -753,31 +754,31 @@ fn print_report(r: &Report) {
         Style::Mix => format!(" (3 single, then a batch of {}, repeated)", r.batch_size),
         Style::Single => String::new(),
     };
-    println!(
+    outln!(
         "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}",
         r.transport, r.payload, r.concurrency, r.runtime, r.mode
     );
-    println!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
+    outln!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
     if r.mode != Style::Single {
-        println!("  {:.0} requests/s; latency below is per call (a batch call counts once)", r.items_per_s);
+        outln!("  {:.0} requests/s; latency below is per call (a batch call counts once)", r.items_per_s);
     }
-    println!(
+    outln!(
         "  resident memory: {} KiB after warm-up, {} KiB at the end ({:+.1}%), {} KiB at most",
         r.rss_start_kb, r.rss_end_kb, r.rss_growth_pct, r.rss_max_kb
     );
     if let (Some(first), Some(last)) = (r.heap_samples_kb.first(), r.heap_samples_kb.last()) {
-        println!("  heap in use: {first} KiB after warm-up, {last} KiB at the end");
+        outln!("  heap in use: {first} KiB after warm-up, {last} KiB at the end");
     }
-    println!(
+    outln!(
         "  latency us: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
         r.p50_us, r.p95_us, r.p99_us, r.p999_us, r.max_us
     );
-    println!(
+    outln!(
         "  client sent {} messages in {} frames ({:.1} messages per frame)",
         r.messages_sent, r.frames_sent, r.messages_per_frame
     );
     if r.registry_mode != RegistryMode::None {
-        println!(
+        outln!(
             "  registry: {:?} mode, service {}, {} look-ups, {} messages to and from the controller while measured",
             r.registry_mode,
             r.service.as_deref().unwrap_or("?"),

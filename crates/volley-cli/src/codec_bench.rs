@@ -29,6 +29,7 @@ use volley::bytes::{Bytes, BytesMut};
 use volley::codec::hash::xxh3_64;
 use volley::codec::{Bitcode, BitcodeSerde, Json, MsgPack, PodVec, StableHash};
 use volley::{ByteString, CodecError, Wire};
+use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct CodecArgs {
@@ -269,15 +270,15 @@ impl Bench {
 
     fn push(&mut self, row: Row) {
         if self.args.json {
-            println!("{}", serde_json::to_string(&row).expect("a row serializes"));
+            outln!("{}", serde_json::to_string(&row).expect("a row serializes"));
         } else {
             if self.rows.last().is_none_or(|r| r.case != row.case) {
-                println!(
+                outln!(
                     "\n{:<15} {:<7} {:<22} {:>9} {:>10} {:>10}",
                     "case", "tier", "codec", "bytes", "encode s", "decode s"
                 );
             }
-            println!(
+            outln!(
                 "{:<15} {:<7} {:<22} {:>9} {:>10} {:>10}",
                 row.case,
                 row.tier,
@@ -640,9 +641,9 @@ fn print_summary(rows: &[Row]) {
         }
     }
     if !lines.is_empty() {
-        println!("\nratios (medians of {} runs):", rows[0].runs);
+        outln!("\nratios (medians of {} runs):", rows[0].runs);
         for l in lines {
-            println!("  {l}");
+            outln!("  {l}");
         }
     }
 }

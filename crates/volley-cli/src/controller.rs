@@ -1,6 +1,7 @@
 //! `volley controller` and `volley ls`.
 
 use volley::registry::{Controller, ControllerConfig, Registry};
+use crate::output::outln;
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())
@@ -23,7 +24,7 @@ pub fn serve(listen: &str, store: &str, registration_credential: Option<String>)
         let bound = controller.listen(listen).await.map_err(|e| e.to_string())?;
         eprintln!("registry controller on {bound}, store {store} (Ctrl-C to stop)");
         // Scripts read the bound address (with the real port for tcp://HOST:0) from stdout.
-        println!("{bound}");
+        outln!("{bound}");
         tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
         eprintln!("shutting down");
         controller.shutdown().await;
@@ -83,21 +84,21 @@ pub fn ls(registry: &str, json: bool) -> Result<(), String> {
                 "settling": listing.settling,
                 "services": services,
             });
-            println!("{out}");
+            outln!("{out}");
         } else {
             let settling =
                 if listing.settling { " (settling: servers may still be registering)" } else { "" };
-            println!("registry {registry}, revision {}{settling}", listing.revision);
+            outln!("registry {registry}, revision {}{settling}", listing.revision);
             if listing.services.iter().all(|s| s.instances.is_empty()) {
-                println!("  no instances");
+                outln!("  no instances");
             }
             for s in listing.services.iter().filter(|s| !s.instances.is_empty()) {
                 let n = s.instances.len();
-                println!("{} ({n} instance{})", s.name, if n == 1 { "" } else { "s" });
+                outln!("{} ({n} instance{})", s.name, if n == 1 { "" } else { "s" });
                 for i in &s.instances {
                     let meta: Vec<String> =
                         i.instance.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    println!(
+                    outln!(
                         "  {:<28} weight {:<3} lease expires in {:>6} ms  {}",
                         i.instance.address,
                         i.instance.weight,

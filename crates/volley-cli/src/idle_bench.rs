@@ -18,6 +18,7 @@ use volley::bytes::BufMut;
 use volley::proto::{FrameBuilder, Limits, PREAMBLE};
 
 use crate::echo::server_named;
+use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct IdleArgs {
@@ -107,9 +108,9 @@ pub fn run(args: IdleArgs) -> Result<(), String> {
         pools: volley::pool::enabled(),
     };
     if args.json {
-        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+        outln!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     } else {
-        println!(
+        outln!(
             "{} idle tcp connections: server rss {:.1} MiB (before {:.1} MiB, {:.0} bytes per connection; pools {})",
             report.connections,
             report.rss_bytes as f64 / (1 << 20) as f64,
@@ -125,7 +126,7 @@ pub fn run(args: IdleArgs) -> Result<(), String> {
 /// them until its stdin closes.
 fn clients(addr: &str, n: usize) -> Result<(), String> {
     let conns = clients_in_process(addr, n)?;
-    println!("ready");
+    outln!("ready");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);

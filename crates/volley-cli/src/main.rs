@@ -7,6 +7,7 @@ mod controller;
 mod echo;
 mod idle_bench;
 mod large_bench;
+mod output;
 mod pools_bench;
 mod testbed;
 
