@@ -756,7 +756,11 @@ fn print_report(r: &Report) {
     };
     outln!(
         "{} echo, {} B payload, {} callers on one connection, runtime {:?}, {:?} calls{batch}",
-        r.transport, r.payload, r.concurrency, r.runtime, r.mode
+        r.transport,
+        r.payload,
+        r.concurrency,
+        r.runtime,
+        r.mode
     );
     outln!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
     if r.mode != Style::Single {
@@ -764,18 +768,27 @@ fn print_report(r: &Report) {
     }
     outln!(
         "  resident memory: {} KiB after warm-up, {} KiB at the end ({:+.1}%), {} KiB at most",
-        r.rss_start_kb, r.rss_end_kb, r.rss_growth_pct, r.rss_max_kb
+        r.rss_start_kb,
+        r.rss_end_kb,
+        r.rss_growth_pct,
+        r.rss_max_kb
     );
     if let (Some(first), Some(last)) = (r.heap_samples_kb.first(), r.heap_samples_kb.last()) {
         outln!("  heap in use: {first} KiB after warm-up, {last} KiB at the end");
     }
     outln!(
         "  latency us: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
-        r.p50_us, r.p95_us, r.p99_us, r.p999_us, r.max_us
+        r.p50_us,
+        r.p95_us,
+        r.p99_us,
+        r.p999_us,
+        r.max_us
     );
     outln!(
         "  client sent {} messages in {} frames ({:.1} messages per frame)",
-        r.messages_sent, r.frames_sent, r.messages_per_frame
+        r.messages_sent,
+        r.frames_sent,
+        r.messages_per_frame
     );
     if r.registry_mode != RegistryMode::None {
         outln!(

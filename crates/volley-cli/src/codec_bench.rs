@@ -23,13 +23,13 @@ use std::hint::black_box;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
+use crate::output::outln;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use volley::bytes::{Bytes, BytesMut};
 use volley::codec::hash::xxh3_64;
 use volley::codec::{Bitcode, BitcodeSerde, Json, MsgPack, PodVec, StableHash};
 use volley::{ByteString, CodecError, Wire};
-use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct CodecArgs {
@@ -275,7 +275,12 @@ impl Bench {
             if self.rows.last().is_none_or(|r| r.case != row.case) {
                 outln!(
                     "\n{:<15} {:<7} {:<22} {:>9} {:>10} {:>10}",
-                    "case", "tier", "codec", "bytes", "encode s", "decode s"
+                    "case",
+                    "tier",
+                    "codec",
+                    "bytes",
+                    "encode s",
+                    "decode s"
                 );
             }
             outln!(

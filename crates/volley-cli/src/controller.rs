@@ -1,7 +1,7 @@
 //! `volley controller` and `volley ls`.
 
-use volley::registry::{Controller, ControllerConfig, Registry};
 use crate::output::outln;
+use volley::registry::{Controller, ControllerConfig, Registry};
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::output::outln;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use volley::bytes::{Bytes, BytesMut};
 use volley::codec::Json;
 use volley::{CallOptions, Client, Method, Server, Wire};
-use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct LargeArgs {
@@ -120,7 +120,10 @@ pub fn run(args: LargeArgs) -> Result<(), String> {
     if !args.json {
         outln!(
             "large-payload echo over tcp: {} B requests, {} callers on one connection, {} rounds × {} s",
-            args.payload_bytes, args.concurrency, args.rounds, args.duration
+            args.payload_bytes,
+            args.concurrency,
+            args.rounds,
+            args.duration
         );
         outln!("{:<8} {:<8} {:>12} {:>10} {:>8}", "codec", "mode", "calls/s", "MiB/s", "ratio");
     }

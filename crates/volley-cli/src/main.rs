@@ -9,6 +9,7 @@ mod idle_bench;
 mod large_bench;
 mod output;
 mod pools_bench;
+mod registry_bench;
 mod testbed;
 
 // `--features mimalloc` or `--features jemalloc` picks the process's global allocator (both:
@@ -128,6 +129,10 @@ enum BenchWhat {
     Pools(pools_bench::PoolsArgs),
     /// The server's resident memory with N idle TCP connections (clients in a child process).
     Idle(idle_bench::IdleArgs),
+    /// The registry under mistakes and attacks, each against an undisturbed run: `pollution`
+    /// (2,000 dead instances beside 2 live ones, direct mode) and `restart` (the controller
+    /// killed for 1 s under relayed load).
+    Registry(registry_bench::RegistryBenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -149,6 +154,9 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCommand { what: Some(BenchWhat::Large(args)), .. }) => large_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Pools(args)), .. }) => pools_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Idle(args)), .. }) => idle_bench::run(args),
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Registry(args)), .. }) => {
+            registry_bench::run(args)
+        }
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
         Command::Testbed(args) => testbed::run(args).map_err(|e| e.to_string()),
         Command::TestbedRole(args) => testbed::role(args).map_err(|e| e.to_string()),

@@ -27,13 +27,13 @@ use std::ptr::NonNull;
 use std::sync::Barrier;
 use std::time::Instant;
 
+use crate::output::outln;
 use allocator_api2::alloc::{AllocError, Allocator};
 use bumpalo::Bump;
 use clap::Args;
 use serde::Serialize;
 use volley::pool::buffer::BufferPool;
 use volley::pool::object::ObjectPool;
-use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct PoolsArgs {
