@@ -80,6 +80,9 @@ pub struct BenchArgs {
     /// per caller, same runtime setup): the floor Volley's latency is compared against.
     #[arg(long)]
     raw: bool,
+    /// The token to present to the server and the registry (environment: VOLLEY_TOKEN).
+    #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -311,6 +314,21 @@ impl Caller {
         Outcome::of(results, p.len())
     }
 
+    /// One call before the run: a refusal that retrying will not fix (a wrong token) ends the
+    /// benchmark at once, with the flag that fixes it, instead of failing every call.
+    async fn probe(&self, what: &str) -> Result<(), String> {
+        let r = match self {
+            Caller::Plain(c) => c.call(&ECHO, Bytes::new()).await,
+            Caller::Service(c, m) => c.call(m, Bytes::new()).await,
+        };
+        match r {
+            Err(e) if e.is_permanent() => {
+                Err(crate::refusal::connecting(what, &e, "--token", "VOLLEY_TOKEN"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Transport counters of every connection the client uses.
     fn counters(&self) -> Snapshot {
         match self {
@@ -525,6 +543,7 @@ async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
         Target::Plain(addr) => {
             let config = volley::ClientConfig {
                 tls: addr.starts_with("tls://").then(|| bench_tls().1.clone()),
+                token: args.token.clone().map(String::into_bytes),
                 ..Default::default()
             };
             let client = if args.raw {
@@ -538,10 +557,18 @@ async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
         Target::Registry(reg, mode) => {
             let config = ServiceConfig {
                 mode: if *mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct },
+                client: volley::ClientConfig {
+                    token: args.token.clone().map(String::into_bytes),
+                    ..Default::default()
+                },
                 ..ServiceConfig::default()
             };
+            let what = format!("registry {reg}");
             let client =
-                ServiceClient::connect_with(reg, config).await.map_err(|e| format!("registry {reg}: {e}"))?;
+                ServiceClient::connect_with(reg, config).await.map_err(|e| match e.is_permanent() {
+                    true => crate::refusal::connecting(&what, &e, "--token", "VOLLEY_TOKEN"),
+                    false => format!("{what}: {e}"),
+                })?;
             let transport = match mode {
                 // Every call goes to the controller; the client never looks the service up.
                 RegistryMode::Relayed => scheme(reg),
@@ -557,6 +584,13 @@ async fn drive(target: Target, args: BenchArgs) -> Result<Vec<Report>, String> {
             (Some(Caller::Service(client, method_named(&args.service))), transport, *mode)
         }
     };
+    if let Some(c) = &caller {
+        let what = match &target {
+            Target::Plain(addr) => format!("server {addr}"),
+            Target::Registry(reg, _) => format!("service {} through registry {reg}", args.service),
+        };
+        c.probe(&what).await?;
+    }
     let caller = caller.map(Arc::new);
     let mut reports = Vec::new();
     for style in styles {

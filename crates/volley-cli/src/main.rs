@@ -9,6 +9,7 @@ mod idle_bench;
 mod large_bench;
 mod output;
 mod pools_bench;
+mod refusal;
 mod registry_bench;
 mod testbed;
 
@@ -74,8 +75,14 @@ enum Command {
         store: String,
         /// Refuse register, renew and deregister calls that do not carry this credential
         /// (read from the environment variable VOLLEY_REGISTRATION_CREDENTIAL if set there).
+        /// Without one, anyone who can connect may register instances under any name: the
+        /// controller warns at start, and `volley ls` says so.
         #[arg(long, env = "VOLLEY_REGISTRATION_CREDENTIAL", hide_env_values = true)]
         registration_credential: Option<String>,
+        /// Refuse connections that do not present this token (environment: VOLLEY_TOKEN);
+        /// servers present it with `serve-echo --registry-token`, clients with `--token`.
+        #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// List the services and instances a registry knows.
     Ls {
@@ -86,6 +93,9 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// The token the controller requires (environment: VOLLEY_TOKEN).
+        #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Echo benchmark: server and load generator in one process, or against `--connect ADDR`
     /// or `--registry ADDR`.
@@ -146,10 +156,10 @@ fn main() -> std::process::ExitCode {
         Command::ServeEcho { listen, registry, name, advertise, security } => {
             echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref(), &security)
         }
-        Command::Controller { listen, store, registration_credential } => {
-            controller::serve(&listen, &store, registration_credential)
+        Command::Controller { listen, store, registration_credential, token } => {
+            controller::serve(&listen, &store, registration_credential, token)
         }
-        Command::Ls { registry, json } => controller::ls(&registry, json),
+        Command::Ls { registry, json, token } => controller::ls(&registry, json, token),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Large(args)), .. }) => large_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Pools(args)), .. }) => pools_bench::run(args),

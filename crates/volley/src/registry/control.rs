@@ -379,6 +379,12 @@ impl Registry {
         self.call(&LIST, (), None, true).await
     }
 
+    /// What the controller requires of its callers (a registration credential, a token).
+    /// Controllers older than this call answer with `UnknownMethod`.
+    pub async fn info(&self) -> Result<ControllerInfo, Error> {
+        self.call(&INFO, (), None, true).await
+    }
+
     /// A fresh client id (for clients that connect to servers without a `Registry` of their
     /// own).
     pub async fn alloc_client_id(&self) -> Result<u32, Error> {
