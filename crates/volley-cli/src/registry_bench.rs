@@ -80,6 +80,8 @@ struct Run {
     calls_per_s: f64,
     /// Calls per second in each 250 ms step.
     steps: Vec<f64>,
+    /// The first error, if any, with when it happened.
+    first_error: Option<String>,
 }
 
 impl Run {
@@ -191,6 +193,7 @@ async fn drive(
     let steps = (duration.as_secs_f64() / STEP.as_secs_f64()).ceil() as usize;
     let ok: Arc<Vec<AtomicU64>> = Arc::new((0..steps).map(|_| AtomicU64::new(0)).collect());
     let errors = Arc::new(AtomicU64::new(0));
+    let first_error = Arc::new(std::sync::OnceLock::new());
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let payload = Bytes::from_static(&[0xA5; 64]);
@@ -198,6 +201,7 @@ async fn drive(
     for _ in 0..concurrency.max(1) {
         let (client, ok, errors, stop, p) =
             (client.clone(), ok.clone(), errors.clone(), stop.clone(), payload.clone());
+        let first_error = first_error.clone();
         tasks.push(tokio::spawn(async move {
             while !stop.load(Relaxed) {
                 let r = client.call(&ECHO, p.clone()).await;
@@ -205,8 +209,9 @@ async fn drive(
                 match r {
                     Ok(_) if step < ok.len() => drop(ok[step].fetch_add(1, Relaxed)),
                     Ok(_) => {}
-                    Err(_) => {
+                    Err(e) => {
                         errors.fetch_add(1, Relaxed);
+                        let _ = first_error.set(format!("{:.2} s: {e}", start.elapsed().as_secs_f64()));
                         // A failing call returns at once: let the other tasks (the controller's
                         // restart, the counters) run.
                         tokio::task::yield_now().await;
@@ -229,6 +234,7 @@ async fn drive(
         seconds,
         calls_per_s: calls as f64 / seconds,
         steps: per_step.iter().map(|&c| c as f64 / STEP.as_secs_f64()).collect(),
+        first_error: first_error.get().cloned(),
     }
 }
 
@@ -362,6 +368,9 @@ fn print_pollution(r: &PollutionReport) {
         r.polluted.errors,
         r.instances_ejected
     );
+    if let Some(e) = &r.polluted.first_error {
+        outln!("  polluted, first error at {e}");
+    }
     let steps: Vec<String> = r.polluted.steps.iter().map(|s| format!("{:.0}", s / 1000.0)).collect();
     outln!("  polluted, k calls/s per 250 ms: {}", steps.join(" "));
     match r.half_of_clean_after_s {
@@ -501,6 +510,9 @@ fn print_restart(r: &RestartReport) {
         r.uninterrupted.errors
     );
     outln!("  restarted:     {:>9.0} calls/s, {} errors", r.restarted.calls_per_s, r.restarted.errors);
+    if let Some(e) = &r.restarted.first_error {
+        outln!("  restarted, first error at {e}");
+    }
     let steps: Vec<String> = r.restarted.steps.iter().map(|s| format!("{:.0}", s / 1000.0)).collect();
     outln!("  restarted, k calls/s per 250 ms: {}", steps.join(" "));
     outln!("  calls lost: {:.2} s of the uninterrupted rate", r.lost_s);

@@ -39,6 +39,11 @@ pub enum Balance {
     LeastOutstanding,
 }
 
+/// `Pool::next_probe` when no probe is waiting.
+const NO_PROBE: u64 = u64::MAX;
+/// Probes due within this much of each other start together.
+const PROBE_ROUND: Duration = Duration::from_millis(100);
+
 /// Where one call goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -114,8 +119,6 @@ pub(crate) struct View {
     ring: Arc<OnceLock<HashRing>>,
     /// Prefix sums of the active instances' weights (weighted round-robin).
     cum_weights: Vec<u64>,
-    /// When the next instance out of rotation is due for a probe.
-    probe_at: Option<Instant>,
 }
 
 impl View {
@@ -130,7 +133,6 @@ impl View {
             active: Vec::new(),
             ring: Arc::default(),
             cum_weights: Vec::new(),
-            probe_at: None,
         }
     }
 
@@ -147,6 +149,10 @@ pub(crate) struct Pool {
     rr: AtomicU64,
     /// Instances out of rotation, and when to probe them.
     ejections: Mutex<Ejections>,
+    /// When the next probe is due, in milliseconds from `born` (`NO_PROBE`: none). Read by
+    /// every call, so it lives outside the view: starting or failing a probe rebuilds nothing.
+    next_probe: AtomicU64,
+    born: Instant,
     /// Serializes view rebuilds (updates and ejections), which are rare.
     update: Mutex<()>,
     pub stats: Arc<PoolStats>,
@@ -160,6 +166,8 @@ impl Pool {
             service,
             view: ArcSwap::from_pointee(View::empty()),
             ejections: Mutex::new(Ejections::new(config.quarantine)),
+            next_probe: AtomicU64::new(NO_PROBE),
+            born: Instant::now(),
             config,
             rr: AtomicU64::new(0),
             update: Mutex::new(()),
@@ -168,13 +176,9 @@ impl Pool {
         })
     }
 
-    /// The current view, first starting the probes that are due.
+    /// The current view.
     pub fn view(&self) -> Arc<View> {
-        let v = self.view.load_full();
-        match v.probe_at {
-            Some(t) if Instant::now() >= t => self.start_probes(),
-            _ => v,
-        }
+        self.view.load_full()
     }
 
     /// (epoch, revision, settling) of the list held: where the next watch continues from.
@@ -248,6 +252,11 @@ impl Pool {
             ring: Arc::default(),
             ..View::empty()
         };
+        if changed {
+            let addresses: std::collections::HashSet<&str> =
+                listed.iter().map(|e| e.address.as_str()).collect();
+            self.ejections.lock().retain(|a| addresses.contains(a));
+        }
         self.install(&meta, listed);
         changed
     }
@@ -255,10 +264,8 @@ impl Pool {
     /// Builds and installs a view with `meta`'s epoch, revision and ring and the given list,
     /// leaving out the ejected instances. Call with `update` held.
     fn install(&self, meta: &View, listed: Vec<Arc<Endpoint>>) -> Arc<View> {
-        let mut ej = self.ejections.lock();
-        ej.retain(|addr| listed.iter().any(|e| e.address == addr));
+        let ej = self.ejections.lock();
         let mut out: Vec<bool> = listed.iter().map(|e| ej.is_ejected(&e.address)).collect();
-        let probe_at = ej.next_due();
         drop(ej);
         if out.iter().all(|&o| o) {
             out.iter_mut().for_each(|o| *o = false);
@@ -282,7 +289,6 @@ impl Pool {
             active,
             ring: meta.ring.clone(),
             cum_weights,
-            probe_at,
         });
         self.view.store(v.clone());
         v
@@ -297,7 +303,12 @@ impl Pool {
 
     /// Takes an instance that stopped answering out of rotation until it is probed.
     fn eject(&self, ep: &Endpoint, why: &Error) {
-        let fresh = self.ejections.lock().eject(&ep.address, Reason::Unreachable, Instant::now());
+        let fresh = {
+            let mut ej = self.ejections.lock();
+            let fresh = ej.eject(&ep.address, Reason::Unreachable, Instant::now());
+            self.set_next_probe(ej.next_due());
+            fresh
+        };
         if !fresh {
             return;
         }
@@ -306,32 +317,62 @@ impl Pool {
         self.reinstall();
     }
 
+    fn set_next_probe(&self, at: Option<Instant>) {
+        let ms = at.map_or(NO_PROBE, |t| t.saturating_duration_since(self.born).as_millis() as u64);
+        self.next_probe.store(ms, Relaxed);
+    }
+
+    /// Whether a probe is due; the caller that sees it first takes the turn to start it.
+    fn probe_due(&self) -> bool {
+        let at = self.next_probe.load(Relaxed);
+        at != NO_PROBE
+            && self.born.elapsed().as_millis() as u64 >= at
+            && self.next_probe.compare_exchange(at, NO_PROBE, Relaxed, Relaxed).is_ok()
+    }
+
     /// Probes every ejected instance that is due, each on a task of its own: one connection
-    /// attempt, beside the calls. Returns the view to use meanwhile.
-    fn start_probes(&self) -> Arc<View> {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else { return self.view.load_full() };
-        let due = self.ejections.lock().take_due(Instant::now());
-        let view = self.reinstall();
+    /// attempt, beside the calls. The view does not change until a probe connects. Runs on a
+    /// call's task, inside the runtime.
+    fn start_probes(&self) {
+        let due = {
+            let mut ej = self.ejections.lock();
+            // Those due in the next moments too: many ejected instances are probed in a few
+            // rounds rather than one round each.
+            let due = ej.take_due(Instant::now() + PROBE_ROUND);
+            self.set_next_probe(ej.next_due());
+            due
+        };
+        let view = self.view.load_full();
+        let by_address: FxHashMap<&str, &Arc<Endpoint>> =
+            view.listed.iter().map(|e| (e.address.as_str(), e)).collect();
         for address in due {
-            let Some(ep) = view.listed.iter().find(|e| e.address == address).cloned() else { continue };
+            let Some(ep) = by_address.get(address.as_str()).map(|&e| e.clone()) else { continue };
             let (pool, config) = (self.me.clone(), self.config.client.clone());
-            rt.spawn(async move {
+            tokio::spawn(async move {
                 let connected = ep.connect(&config).await;
                 let Some(pool) = pool.upgrade() else { return };
-                match connected {
-                    Ok(_) => {
-                        let was = pool.ejections.lock().readmit(&ep.address);
-                        tracing::info!(service = %pool.service, address = %ep.address, out_for = ?was, "instance answers again; back in rotation");
-                    }
-                    Err(e) => {
-                        tracing::debug!(service = %pool.service, address = %ep.address, error = %e, "probe failed");
-                        pool.ejections.lock().probe_failed(&ep.address, Instant::now());
-                    }
-                }
-                pool.reinstall();
+                pool.probed(&ep.address, connected.err());
             });
         }
-        view
+    }
+
+    /// A probe's outcome: back in rotation, or out for longer.
+    fn probed(&self, address: &str, failed: Option<Error>) {
+        let mut ej = self.ejections.lock();
+        match failed {
+            None => {
+                let was = ej.readmit(address);
+                self.set_next_probe(ej.next_due());
+                drop(ej);
+                tracing::info!(service = %self.service, address, out_for = ?was, "instance answers again; back in rotation");
+                self.reinstall();
+            }
+            Some(e) => {
+                ej.probe_failed(address, Instant::now());
+                self.set_next_probe(ej.next_due());
+                tracing::debug!(service = %self.service, address, error = %e, "probe failed");
+            }
+        }
     }
 
     fn no_instances(&self, view: &View) -> Error {
@@ -393,12 +434,11 @@ impl Pool {
         let mut failing_over = false;
         loop {
             let picked = {
-                // A guard, not a clone: the view is only needed until the pick.
-                let mut view = self.view.load();
-                if view.probe_at.is_some_and(|t| Instant::now() >= t) {
-                    self.view();
-                    view = self.view.load();
+                if self.probe_due() {
+                    self.start_probes();
                 }
+                // A guard, not a clone: the view is only needed until the pick.
+                let view = self.view.load();
                 match tried.len() < self.config.max_attempts {
                     true => self.pick(&view, route, &tried).ok_or_else(|| self.no_instances(&view)),
                     false => Err(self.no_instances(&view)),
