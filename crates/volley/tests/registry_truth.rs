@@ -336,7 +336,7 @@ async fn reconnects_to_a_controller_that_is_down_are_paced() {
     let t0 = Instant::now();
     let mut calls = 0u64;
     while t0.elapsed() < Duration::from_secs(1) {
-        let e = registry.list().await.err().expect("the controller is down");
+        let e = registry.list().await.expect_err("the controller is down");
         assert!(e.is_transient(), "{e}");
         calls += 1;
         tokio::task::yield_now().await;

@@ -503,7 +503,7 @@ mod tests {
         // The server registers again (a new lease), taking its address back.
         let again = s.grant(ttl).await.unwrap();
         s.register(again, &[spec("a", "tcp://h:1"), spec("b", "tcp://h:1")]).await.unwrap();
-        assert_eq!(s.renew(again).await.unwrap().intact, true);
+        assert!(s.renew(again).await.unwrap().intact);
         // The stray lease lapses: it holds nothing any more, so nothing goes.
         tokio::time::advance(ttl + Duration::from_millis(1)).await;
         s.renew(again).await.unwrap();
