@@ -134,6 +134,9 @@ struct RestartReport {
     restarted: Run,
     /// Calls the restarted run lost against the uninterrupted one, in seconds of its rate.
     lost_s: f64,
+    /// The same against the restarted run's own steady rate (its median step): less noisy
+    /// when the two runs' rates differ (a shared machine).
+    lost_against_own_rate_s: f64,
     /// Connection attempts to the controller while it was down, per second, by the client and
     /// by the echo server's registration.
     client_reconnects_per_s: f64,
@@ -307,6 +310,7 @@ fn pollution(args: &RegistryBenchArgs) -> Result<(), String> {
     let concurrency = args.concurrency.unwrap_or(256);
     let duration = Duration::from_secs_f64(args.duration);
     let rt = current_thread()?;
+    let (mut half, mut ratio) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds.max(1) {
         let clean_fleet = Fleet::start(args.live)?;
         let polluted_fleet = Fleet::start(args.live)?;
@@ -338,13 +342,28 @@ fn pollution(args: &RegistryBenchArgs) -> Result<(), String> {
         })?;
         clean_fleet.stop();
         polluted_fleet.stop();
+        half.push(report.half_of_clean_after_s.unwrap_or(f64::INFINITY));
+        ratio.push(report.polluted_after_2s_ratio);
         if args.json {
             outln!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
         } else {
             print_pollution(&report);
         }
     }
+    if args.rounds > 1 && !args.json {
+        outln!(
+            "median of {} rounds: half of the clean rate after {:.2} s; {:.2} of it after 2 s",
+            args.rounds,
+            median(&mut half),
+            median(&mut ratio)
+        );
+    }
     Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn print_pollution(r: &PollutionReport) {
@@ -403,6 +422,7 @@ fn restart(args: &RegistryBenchArgs) -> Result<(), String> {
         return Err(format!("--duration must be longer than 1 s + --outage ({:.1} s)", args.outage));
     }
     let rt = current_thread()?;
+    let (mut lost, mut lost_own, mut attempts) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=args.rounds.max(1) {
         let (uninterrupted, _, _) = restart_run(&rt, concurrency, duration, None)?;
         let (restarted, client_attempts, server_attempts) =
@@ -423,17 +443,34 @@ fn restart(args: &RegistryBenchArgs) -> Result<(), String> {
             outage_s: outage.as_secs_f64(),
             lost_s: (uninterrupted.calls as f64 - restarted.calls as f64)
                 / uninterrupted.calls_per_s.max(1.0),
+            lost_against_own_rate_s: {
+                let own = restarted.steady().max(1.0);
+                (own * restarted.seconds - restarted.calls as f64) / own
+            },
             client_reconnects_per_s: client_attempts as f64 / outage.as_secs_f64(),
             server_reconnects_per_s: server_attempts as f64 / outage.as_secs_f64(),
             recovered_after_s: recovered,
             uninterrupted,
             restarted,
         };
+        lost.push(report.lost_s);
+        lost_own.push(report.lost_against_own_rate_s);
+        attempts.push(report.client_reconnects_per_s.max(report.server_reconnects_per_s));
         if args.json {
             outln!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
         } else {
             print_restart(&report);
         }
+    }
+    if args.rounds > 1 && !args.json {
+        let most = attempts.iter().copied().fold(0.0, f64::max);
+        outln!(
+            "median of {} rounds: {:.2} s of calls lost ({:.2} s against the run's own rate); at most \
+             {most:.1} connection attempts a second while down",
+            args.rounds,
+            median(&mut lost),
+            median(&mut lost_own)
+        );
     }
     Ok(())
 }
@@ -515,7 +552,11 @@ fn print_restart(r: &RestartReport) {
     }
     let steps: Vec<String> = r.restarted.steps.iter().map(|s| format!("{:.0}", s / 1000.0)).collect();
     outln!("  restarted, k calls/s per 250 ms: {}", steps.join(" "));
-    outln!("  calls lost: {:.2} s of the uninterrupted rate", r.lost_s);
+    outln!(
+        "  calls lost: {:.2} s of the uninterrupted rate ({:.2} s of the run's own steady rate)",
+        r.lost_s,
+        r.lost_against_own_rate_s
+    );
     match r.recovered_after_s {
         Some(t) => outln!("  half of the uninterrupted rate again {t:.2} s after the restart"),
         None => outln!("  never back to half of the uninterrupted rate"),
