@@ -7,6 +7,7 @@
 //! The state is per address and says why an instance is out, so that ejecting outliers (slow
 //! or erroring instances) can be added here beside connection failures.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
@@ -100,6 +101,37 @@ impl Ejections {
     }
 }
 
+/// When the next probe of a pool is due, read without a lock by every call.
+pub(crate) struct ProbeClock {
+    /// Milliseconds from `born` (`NONE`: no probe waiting).
+    at: AtomicU64,
+    born: Instant,
+}
+
+impl ProbeClock {
+    const NONE: u64 = u64::MAX;
+
+    pub fn set(&self, at: Option<Instant>) {
+        let ms = at.map_or(Self::NONE, |t| t.saturating_duration_since(self.born).as_millis() as u64);
+        self.at.store(ms, Relaxed);
+    }
+
+    /// Whether a probe is due; the caller that sees it first takes the turn to start it (and
+    /// then sets the next time).
+    pub fn take_turn(&self) -> bool {
+        let at = self.at.load(Relaxed);
+        at != Self::NONE
+            && self.born.elapsed().as_millis() as u64 >= at
+            && self.at.compare_exchange(at, Self::NONE, Relaxed, Relaxed).is_ok()
+    }
+}
+
+impl Default for ProbeClock {
+    fn default() -> Self {
+        ProbeClock { at: AtomicU64::new(Self::NONE), born: Instant::now() }
+    }
+}
+
 /// `d` ± 25 %.
 fn jitter(d: Duration) -> Duration {
     d.mul_f64(0.75 + fastrand::f64() * 0.5)
@@ -108,6 +140,20 @@ fn jitter(d: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_probe_clock_gives_one_caller_the_turn_when_a_probe_is_due() {
+        let clock = ProbeClock::default();
+        assert!(!clock.take_turn(), "nothing waiting");
+        clock.set(Some(Instant::now() + Duration::from_secs(1)));
+        assert!(!clock.take_turn(), "not yet");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(clock.take_turn());
+        assert!(!clock.take_turn(), "one caller takes the turn");
+        clock.set(None);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(!clock.take_turn());
+    }
 
     #[test]
     fn an_ejected_instance_is_probed_after_a_growing_pause() {

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::time::Instant;
 
-use super::ejection::{Ejections, Reason};
+use super::ejection::{Ejections, ProbeClock, Reason};
 pub(crate) use super::endpoint::Endpoint;
 use super::endpoint::{Outstanding, two_choices};
 use super::hash::HashRing;
@@ -39,8 +39,6 @@ pub enum Balance {
     LeastOutstanding,
 }
 
-/// `Pool::next_probe` when no probe is waiting.
-const NO_PROBE: u64 = u64::MAX;
 /// Probes due within this much of each other start together.
 const PROBE_ROUND: Duration = Duration::from_millis(100);
 
@@ -149,10 +147,9 @@ pub(crate) struct Pool {
     rr: AtomicU64,
     /// Instances out of rotation, and when to probe them.
     ejections: Mutex<Ejections>,
-    /// When the next probe is due, in milliseconds from `born` (`NO_PROBE`: none). Read by
-    /// every call, so it lives outside the view: starting or failing a probe rebuilds nothing.
-    next_probe: AtomicU64,
-    born: Instant,
+    /// When the next probe is due. Read by every call, so it lives outside the view: starting
+    /// or failing a probe rebuilds nothing.
+    next_probe: ProbeClock,
     /// Serializes view rebuilds (updates and ejections), which are rare.
     update: Mutex<()>,
     pub stats: Arc<PoolStats>,
@@ -166,8 +163,7 @@ impl Pool {
             service,
             view: ArcSwap::from_pointee(View::empty()),
             ejections: Mutex::new(Ejections::new(config.quarantine)),
-            next_probe: AtomicU64::new(NO_PROBE),
-            born: Instant::now(),
+            next_probe: ProbeClock::default(),
             config,
             rr: AtomicU64::new(0),
             update: Mutex::new(()),
@@ -318,16 +314,7 @@ impl Pool {
     }
 
     fn set_next_probe(&self, at: Option<Instant>) {
-        let ms = at.map_or(NO_PROBE, |t| t.saturating_duration_since(self.born).as_millis() as u64);
-        self.next_probe.store(ms, Relaxed);
-    }
-
-    /// Whether a probe is due; the caller that sees it first takes the turn to start it.
-    fn probe_due(&self) -> bool {
-        let at = self.next_probe.load(Relaxed);
-        at != NO_PROBE
-            && self.born.elapsed().as_millis() as u64 >= at
-            && self.next_probe.compare_exchange(at, NO_PROBE, Relaxed, Relaxed).is_ok()
+        self.next_probe.set(at);
     }
 
     /// Probes every ejected instance that is due, each on a task of its own: one connection
@@ -434,7 +421,7 @@ impl Pool {
         let mut failing_over = false;
         loop {
             let picked = {
-                if self.probe_due() {
+                if self.next_probe.take_turn() {
                     self.start_probes();
                 }
                 // A guard, not a clone: the view is only needed until the pick.
