@@ -25,6 +25,7 @@ use volley::{BatchOptions, Client, Method, Server, ServiceClient, Snapshot};
 use crate::bench_api::{Api, ApiChoice, Figure};
 use crate::echo::{ECHO, EchoAsyncServer, EchoClient, EchoServer, Echoer, method_named, server_named_with};
 use crate::hostile::{self, Hostile};
+use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -104,6 +105,9 @@ pub struct BenchArgs {
     /// `--concurrency 1 --pace-ms 10`, one connection calling every 10 ms.
     #[arg(long, default_value_t = 0)]
     pace_ms: u64,
+    /// The token to present to the server and the registry (environment: VOLLEY_TOKEN).
+    #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -404,6 +408,23 @@ impl Caller {
         Outcome::of(results, p.len())
     }
 
+    /// One call before the run: a refusal that retrying will not fix (a wrong token) ends the
+    /// benchmark at once, with the flag that fixes it, instead of failing every call.
+    async fn probe(&self, what: &str) -> Result<(), String> {
+        let r = match self {
+            Caller::Plain(c) => c.call(&ECHO, Bytes::new()).await,
+            Caller::Generated(c) => c.echo(Bytes::new()).await,
+            Caller::Service(c, m) => c.call(m, Bytes::new()).await,
+            Caller::GeneratedService(c) => c.echo(Bytes::new()).await,
+        };
+        match r {
+            Err(e) if e.is_permanent() => {
+                Err(crate::refusal::connecting(what, &e, "--token", "VOLLEY_TOKEN"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Transport counters of every connection the client uses.
     fn counters(&self) -> Snapshot {
         match self {
@@ -495,7 +516,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     };
     for report in &reports {
         if args.json {
-            println!("{}", serde_json::to_string(report).map_err(|e| e.to_string())?);
+            outln!("{}", serde_json::to_string(report).map_err(|e| e.to_string())?);
         } else {
             print_report(report);
         }
@@ -508,7 +529,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         && args.hostile.is_none()
     {
         let ratio = batch.items_per_s / single.items_per_s.max(f64::MIN_POSITIVE);
-        println!("batch/single: {ratio:.1}x the requests per second");
+        outln!("batch/single: {ratio:.1}x the requests per second");
     }
     if !args.json {
         let style = |r: &Report| match r.mode {
@@ -651,6 +672,7 @@ impl Side {
             Target::Plain(addr) => {
                 let config = volley::ClientConfig {
                     tls: addr.starts_with("tls://").then(|| bench_tls().1.clone()),
+                    token: args.token.clone().map(String::into_bytes),
                     ..Default::default()
                 };
                 let client = if args.raw {
@@ -668,11 +690,18 @@ impl Side {
             Target::Registry(reg, mode) => {
                 let config = ServiceConfig {
                     mode: if *mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct },
+                    client: volley::ClientConfig {
+                        token: args.token.clone().map(String::into_bytes),
+                        ..Default::default()
+                    },
                     ..ServiceConfig::default()
                 };
-                let client = ServiceClient::connect_with(reg, config)
-                    .await
-                    .map_err(|e| format!("registry {reg}: {e}"))?;
+                let what = format!("registry {reg}");
+                let client =
+                    ServiceClient::connect_with(reg, config).await.map_err(|e| match e.is_permanent() {
+                        true => crate::refusal::connecting(&what, &e, "--token", "VOLLEY_TOKEN"),
+                        false => format!("{what}: {e}"),
+                    })?;
                 let transport = match mode {
                     // Every call goes to the controller; the client never looks the service up.
                     RegistryMode::Relayed => scheme(reg),
@@ -692,6 +721,13 @@ impl Side {
                 (Some(caller), transport, *mode)
             }
         };
+        if let Some(c) = &caller {
+            let what = match &target {
+                Target::Plain(addr) => format!("server {addr}"),
+                Target::Registry(reg, _) => format!("service {} through registry {reg}", args.service),
+            };
+            c.probe(&what).await?;
+        }
         Ok(Side { api, target, caller: caller.map(Arc::new), transport, registry_mode })
     }
 }
@@ -943,7 +979,7 @@ fn print_report(r: &Report) {
         Style::Mix => format!(" (3 single, then a batch of {}, repeated)", r.batch_size),
         Style::Single => String::new(),
     };
-    println!(
+    outln!(
         "{} echo, {} B payload, {} callers {}, runtime {:?}, {:?} calls{batch}, {:?} API, {:?} handler, round {}",
         r.transport,
         r.payload,
@@ -956,32 +992,41 @@ fn print_report(r: &Report) {
         r.round
     );
     if let (Some(h), Some(sent)) = (r.hostile, r.hostile_bytes_sent) {
-        println!("  beside a hostile client ({h:?}) that wrote {:.1} MiB", sent as f64 / (1 << 20) as f64);
+        outln!("  beside a hostile client ({h:?}) that wrote {:.1} MiB", sent as f64 / (1 << 20) as f64);
     }
-    println!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
+    outln!("  {:.0} calls/s ({} calls in {:.2} s, {} errors)", r.calls_per_s, r.calls, r.seconds, r.errors);
     if let Some(cpu) = r.server_cpu_pct {
-        println!("  server thread CPU: {cpu:.1}% of a core");
+        outln!("  server thread CPU: {cpu:.1}% of a core");
     }
     if r.mode != Style::Single {
-        println!("  {:.0} requests/s; latency below is per call (a batch call counts once)", r.items_per_s);
+        outln!("  {:.0} requests/s; latency below is per call (a batch call counts once)", r.items_per_s);
     }
-    println!(
+    outln!(
         "  resident memory: {} KiB after warm-up, {} KiB at the end ({:+.1}%), {} KiB at most",
-        r.rss_start_kb, r.rss_end_kb, r.rss_growth_pct, r.rss_max_kb
+        r.rss_start_kb,
+        r.rss_end_kb,
+        r.rss_growth_pct,
+        r.rss_max_kb
     );
     if let (Some(first), Some(last)) = (r.heap_samples_kb.first(), r.heap_samples_kb.last()) {
-        println!("  heap in use: {first} KiB after warm-up, {last} KiB at the end");
+        outln!("  heap in use: {first} KiB after warm-up, {last} KiB at the end");
     }
-    println!(
+    outln!(
         "  latency us: p50 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
-        r.p50_us, r.p95_us, r.p99_us, r.p999_us, r.max_us
+        r.p50_us,
+        r.p95_us,
+        r.p99_us,
+        r.p999_us,
+        r.max_us
     );
-    println!(
+    outln!(
         "  client sent {} messages in {} frames ({:.1} messages per frame)",
-        r.messages_sent, r.frames_sent, r.messages_per_frame
+        r.messages_sent,
+        r.frames_sent,
+        r.messages_per_frame
     );
     if r.registry_mode != RegistryMode::None {
-        println!(
+        outln!(
             "  registry: {:?} mode, service {}, {} look-ups, {} messages to and from the controller while measured",
             r.registry_mode,
             r.service.as_deref().unwrap_or("?"),

@@ -23,6 +23,7 @@ use std::hint::black_box;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
+use crate::output::outln;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use volley::bytes::{Bytes, BytesMut};
@@ -269,15 +270,20 @@ impl Bench {
 
     fn push(&mut self, row: Row) {
         if self.args.json {
-            println!("{}", serde_json::to_string(&row).expect("a row serializes"));
+            outln!("{}", serde_json::to_string(&row).expect("a row serializes"));
         } else {
             if self.rows.last().is_none_or(|r| r.case != row.case) {
-                println!(
+                outln!(
                     "\n{:<15} {:<7} {:<22} {:>9} {:>10} {:>10}",
-                    "case", "tier", "codec", "bytes", "encode s", "decode s"
+                    "case",
+                    "tier",
+                    "codec",
+                    "bytes",
+                    "encode s",
+                    "decode s"
                 );
             }
-            println!(
+            outln!(
                 "{:<15} {:<7} {:<22} {:>9} {:>10} {:>10}",
                 row.case,
                 row.tier,
@@ -640,9 +646,9 @@ fn print_summary(rows: &[Row]) {
         }
     }
     if !lines.is_empty() {
-        println!("\nratios (medians of {} runs):", rows[0].runs);
+        outln!("\nratios (medians of {} runs):", rows[0].runs);
         for l in lines {
-            println!("  {l}");
+            outln!("  {l}");
         }
     }
 }

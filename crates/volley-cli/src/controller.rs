@@ -1,16 +1,35 @@
 //! `volley controller` and `volley ls`.
 
+use crate::output::outln;
+use volley::ClientConfig;
 use volley::registry::{Controller, ControllerConfig, Registry};
+
+use crate::refusal;
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())
 }
 
+/// The warning of a controller that takes registrations from anyone (`volley controller` at
+/// start, `volley ls`).
+const OPEN_REGISTRATION: &str = "no registration credential: anyone who can connect may register \
+     instances under any service name (or take over an address); set one with `volley controller \
+     --registration-credential` (or VOLLEY_REGISTRATION_CREDENTIAL) and give it to the servers";
+
 /// `volley controller --listen ADDR [--store memory|etcd://...]`: a standalone registry until
 /// Ctrl-C.
-pub fn serve(listen: &str, store: &str, registration_credential: Option<String>) -> Result<(), String> {
+pub fn serve(
+    listen: &str,
+    store: &str,
+    registration_credential: Option<String>,
+    token: Option<String>,
+) -> Result<(), String> {
     runtime()?.block_on(async {
-        let config = ControllerConfig { registration_credential, ..ControllerConfig::default() };
+        if registration_credential.is_none() {
+            eprintln!("warning: {OPEN_REGISTRATION}");
+        }
+        let tokens = token.into_iter().map(String::into_bytes).collect();
+        let config = ControllerConfig { registration_credential, tokens, ..ControllerConfig::default() };
         let controller = match store {
             "memory" => Controller::new(config),
             s if s.starts_with("etcd://") => etcd_controller(s, config).await?,
@@ -23,7 +42,7 @@ pub fn serve(listen: &str, store: &str, registration_credential: Option<String>)
         let bound = controller.listen(listen).await.map_err(|e| e.to_string())?;
         eprintln!("registry controller on {bound}, store {store} (Ctrl-C to stop)");
         // Scripts read the bound address (with the real port for tcp://HOST:0) from stdout.
-        println!("{bound}");
+        outln!("{bound}");
         tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
         eprintln!("shutting down");
         controller.shutdown().await;
@@ -48,11 +67,19 @@ async fn etcd_controller(url: &str, _: ControllerConfig) -> Result<Controller, S
     ))
 }
 
-/// `volley ls --registry ADDR [--json]`: services and instances.
-pub fn ls(registry: &str, json: bool) -> Result<(), String> {
+/// `volley ls --registry ADDR [--json]`: services and instances, and a warning when the
+/// controller takes registrations from anyone.
+pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), String> {
     runtime()?.block_on(async {
-        let r = Registry::connect(registry).await.map_err(|e| format!("registry {registry}: {e}"))?;
-        let listing = r.list().await.map_err(|e| e.to_string())?;
+        let what = format!("registry {registry}");
+        let config = ClientConfig { token: token.map(String::into_bytes), ..ClientConfig::default() };
+        let r = Registry::connect_with(registry, config).await.map_err(|e| match e.is_permanent() {
+            true => refusal::connecting(&what, &e, "--token", "VOLLEY_TOKEN"),
+            false => format!("{what}: {e}"),
+        })?;
+        let listing = r.list().await.map_err(|e| format!("{what}: {e}"))?;
+        // A controller older than `info` answers UnknownMethod: nothing is known then.
+        let open = r.info().await.ok().map(|i| !i.registration_credential);
         if json {
             let services: Vec<serde_json::Value> = listing
                 .services
@@ -81,23 +108,27 @@ pub fn ls(registry: &str, json: bool) -> Result<(), String> {
                 "epoch": listing.epoch,
                 "revision": listing.revision,
                 "settling": listing.settling,
+                "registration_open": open,
                 "services": services,
             });
-            println!("{out}");
+            outln!("{out}");
         } else {
             let settling =
                 if listing.settling { " (settling: servers may still be registering)" } else { "" };
-            println!("registry {registry}, revision {}{settling}", listing.revision);
+            outln!("registry {registry}, revision {}{settling}", listing.revision);
+            if open == Some(true) {
+                outln!("warning: {OPEN_REGISTRATION}");
+            }
             if listing.services.iter().all(|s| s.instances.is_empty()) {
-                println!("  no instances");
+                outln!("  no instances");
             }
             for s in listing.services.iter().filter(|s| !s.instances.is_empty()) {
                 let n = s.instances.len();
-                println!("{} ({n} instance{})", s.name, if n == 1 { "" } else { "s" });
+                outln!("{} ({n} instance{})", s.name, if n == 1 { "" } else { "s" });
                 for i in &s.instances {
                     let meta: Vec<String> =
                         i.instance.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    println!(
+                    outln!(
                         "  {:<28} weight {:<3} lease expires in {:>6} ms  {}",
                         i.instance.address,
                         i.instance.weight,

@@ -2,7 +2,9 @@
 
 use volley::bytes::Bytes;
 use volley::registry::{InstanceSpec, LeaseConfig, Registry};
-use volley::{Method, Server, ServerBuilder, Status};
+use volley::{ClientConfig, Method, Server, ServerBuilder, Status};
+
+use crate::refusal;
 
 /// The echo service as a trait: what `volley bench --api generated` serves and calls through
 /// (`EchoServer`, `EchoClient`). `volley serve-echo` serves the same method at the level below
@@ -60,8 +62,6 @@ pub fn server_named_with(service: &str, configure: impl FnOnce(ServerBuilder) ->
     configure(Server::builder().handle_fn(&m, |b: Bytes| Ok(b))).build()
 }
 
-/// `volley serve-echo`: serves until Ctrl-C, then shuts down gracefully (deregistering first
-/// if it registered).
 /// Security settings of `volley serve-echo`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Security {
@@ -81,8 +81,15 @@ pub struct Security {
     /// (environment: VOLLEY_REGISTRATION_CREDENTIAL).
     #[arg(long, env = "VOLLEY_REGISTRATION_CREDENTIAL", hide_env_values = true)]
     pub registration_credential: Option<String>,
+    /// The token the registry's controller requires of connections (environment:
+    /// VOLLEY_REGISTRY_TOKEN).
+    #[arg(long, env = "VOLLEY_REGISTRY_TOKEN", hide_env_values = true)]
+    pub registry_token: Option<String>,
 }
 
+/// `volley serve-echo`: serves until Ctrl-C, then shuts down gracefully (deregistering first
+/// if it registered). A registry that refuses the server for good (a wrong token or
+/// registration credential) ends it too, with a non-zero status.
 pub fn serve(
     listen: &str,
     registry: Option<&str>,
@@ -112,46 +119,85 @@ pub fn serve(
         });
         let bound = server.listen(listen).await.map_err(|e| e.to_string())?;
         eprintln!("serving {name} on {bound} (Ctrl-C to stop)");
+        // A refusal that retrying cannot fix ends the command (after a graceful shutdown).
+        let (fatal_tx, mut fatal) = tokio::sync::mpsc::channel::<String>(1);
         if let Some(registry_addr) = registry {
             let addr = advertise.map(str::to_string).unwrap_or_else(|| bound.to_string());
             if addr.contains("0.0.0.0") || addr.contains("[::]") {
                 eprintln!("warning: registering {addr}, which clients cannot dial; use --advertise ADDR");
             }
-            // A registry that is not up yet is waited for: the server serves meanwhile.
-            let (server, name, registry_addr) = (server.clone(), name.to_string(), registry_addr.to_string());
-            let credential = credential.clone();
+            let registering = Registering {
+                server: server.clone(),
+                registry: registry_addr.to_string(),
+                spec: InstanceSpec::new(name.to_string(), addr),
+                credential: credential.clone(),
+                token: security.registry_token.clone(),
+            };
             tokio::spawn(async move {
-                let mut warned = false;
-                loop {
-                    let registered = async {
-                        let registry = Registry::connect(&registry_addr).await?;
-                        if let Some(c) = &credential {
-                            registry.set_registration_credential(c.clone());
-                        }
-                        let spec = InstanceSpec::new(name.clone(), addr.clone());
-                        registry.register(&server, vec![spec], LeaseConfig::default()).await
-                    };
-                    match registered.await {
-                        Ok(reg) => {
-                            eprintln!(
-                                "registered {name} at {addr} with {registry_addr} (lease {})",
-                                reg.lease()
-                            );
-                            return;
-                        }
-                        Err(e) if !warned => {
-                            eprintln!("registry {registry_addr} not reachable ({e}); retrying");
-                            warned = true;
-                        }
-                        Err(_) => {}
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                if let Err(why) = registering.run().await {
+                    let _ = fatal_tx.send(why).await;
                 }
             });
         }
-        tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
+        let ended = tokio::select! {
+            r = tokio::signal::ctrl_c() => r.map_err(|e| e.to_string()),
+            Some(why) = fatal.recv() => Err(why),
+        };
         eprintln!("shutting down");
         server.shutdown().await;
-        Ok(())
+        ended
     })
+}
+
+/// Registers the echo server with a registry, waiting for one that is not up yet (the server
+/// serves meanwhile). Returns an error only for a refusal that retrying will not fix.
+struct Registering {
+    server: Server,
+    registry: String,
+    spec: InstanceSpec,
+    credential: Option<String>,
+    token: Option<String>,
+}
+
+impl Registering {
+    async fn run(self) -> Result<(), String> {
+        let what = format!("registry {}", self.registry);
+        let config =
+            ClientConfig { token: self.token.clone().map(String::into_bytes), ..ClientConfig::default() };
+        let mut warned = false;
+        loop {
+            let failed = match Registry::connect_with(&self.registry, config.clone()).await {
+                Err(e) if e.is_permanent() => {
+                    return Err(refusal::connecting(&what, &e, "--registry-token", "VOLLEY_REGISTRY_TOKEN"));
+                }
+                Err(e) => e,
+                Ok(registry) => {
+                    if let Some(c) = &self.credential {
+                        registry.set_registration_credential(c.clone());
+                    }
+                    match registry
+                        .register(&self.server, vec![self.spec.clone()], LeaseConfig::default())
+                        .await
+                    {
+                        Ok(reg) => {
+                            let (name, addr) = (&self.spec.service, &self.spec.address);
+                            eprintln!(
+                                "registered {name} at {addr} with {} (lease {})",
+                                self.registry,
+                                reg.lease()
+                            );
+                            return Ok(());
+                        }
+                        Err(e) if e.is_permanent() => return Err(refusal::registering(&what, &e)),
+                        Err(e) => e,
+                    }
+                }
+            };
+            if !warned {
+                eprintln!("{what} not reachable ({failed}); retrying");
+                warned = true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
 }

@@ -18,6 +18,7 @@ use volley::bytes::BufMut;
 use volley::proto::{FrameBuilder, Limits, PREAMBLE};
 
 use crate::echo::server_named;
+use crate::output::outln;
 
 #[derive(Args, Debug, Clone)]
 pub struct IdleArgs {
@@ -105,9 +106,9 @@ pub fn run(args: IdleArgs) -> Result<(), String> {
         rss_per_connection_bytes: after.saturating_sub(before) as f64 / args.connections.max(1) as f64,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+        outln!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
     } else {
-        println!(
+        outln!(
             "{} idle tcp connections: server rss {:.1} MiB (before {:.1} MiB, {:.0} bytes per connection)",
             report.connections,
             report.rss_bytes as f64 / (1 << 20) as f64,
@@ -122,7 +123,7 @@ pub fn run(args: IdleArgs) -> Result<(), String> {
 /// them until its stdin closes.
 fn clients(addr: &str, n: usize) -> Result<(), String> {
     let conns = clients_in_process(addr, n)?;
-    println!("ready");
+    outln!("ready");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);

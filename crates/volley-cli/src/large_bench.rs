@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::output::outln;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use volley::bytes::{Bytes, BytesMut};
@@ -117,11 +118,14 @@ pub fn run(args: LargeArgs) -> Result<(), String> {
         CodecChoice::Both => &["fast", "general"],
     };
     if !args.json {
-        println!(
+        outln!(
             "large-payload echo over tcp: {} B requests, {} callers on one connection, {} rounds × {} s",
-            args.payload_bytes, args.concurrency, args.rounds, args.duration
+            args.payload_bytes,
+            args.concurrency,
+            args.rounds,
+            args.duration
         );
-        println!("{:<8} {:<8} {:>12} {:>10} {:>8}", "codec", "mode", "calls/s", "MiB/s", "ratio");
+        outln!("{:<8} {:<8} {:>12} {:>10} {:>8}", "codec", "mode", "calls/s", "MiB/s", "ratio");
     }
     for &codec in codecs {
         let payload = match codec {
@@ -154,10 +158,10 @@ pub fn run(args: LargeArgs) -> Result<(), String> {
                 ratio,
             };
             if args.json {
-                println!("{}", serde_json::to_string(&line).map_err(|e| e.to_string())?);
+                outln!("{}", serde_json::to_string(&line).map_err(|e| e.to_string())?);
             } else {
                 let ratio = ratio.map(|r| format!("{r:.2}×")).unwrap_or_default();
-                println!("{codec:<8} {mode:<8} {rate:>12.1} {:>10.1} {ratio:>8}", mib(rate));
+                outln!("{codec:<8} {mode:<8} {rate:>12.1} {:>10.1} {ratio:>8}", mib(rate));
             }
         }
     }

@@ -27,6 +27,7 @@ use std::ptr::NonNull;
 use std::sync::Barrier;
 use std::time::Instant;
 
+use crate::output::outln;
 use allocator_api2::alloc::{AllocError, Allocator};
 use bumpalo::Bump;
 use clap::Args;
@@ -499,13 +500,13 @@ pub fn run(args: PoolsArgs) -> Result<(), String> {
     }
     if args.json {
         for r in &rows {
-            println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+            outln!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         }
     } else {
-        println!("| case | threads | allocator | median ms | ns/op | vs system |");
-        println!("|---|---:|---|---:|---:|---:|");
+        outln!("| case | threads | allocator | median ms | ns/op | vs system |");
+        outln!("|---|---:|---|---:|---:|---:|");
         for r in &rows {
-            println!(
+            outln!(
                 "| {} | {} | {} | {:.3} | {:.1} | {:.2}x |",
                 r.case,
                 r.threads,
@@ -515,7 +516,7 @@ pub fn run(args: PoolsArgs) -> Result<(), String> {
                 r.speedup_vs_system
             );
         }
-        println!(
+        outln!(
             "\nmedians of {rounds} interleaved rounds; every allocator called through its GlobalAlloc impl"
         );
     }

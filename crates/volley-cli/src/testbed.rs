@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::output::{out, outln};
 use clap::{Args, ValueEnum};
 use volley::registry::Mode;
 use volley_testbed::roles::{Role, RoleSettings};
@@ -124,14 +125,14 @@ pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let report = volley_testbed::run(&setup, &configs)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report.json())?);
+        outln!("{}", serde_json::to_string_pretty(&report.json())?);
     } else {
-        print!("{}", report.table());
+        out!("{}", report.table());
     }
     if let Some(path) = &a.plot {
         volley_testbed::plot::draw(&report, path)?;
         if !a.json {
-            println!("plot: {}", path.display());
+            outln!("plot: {}", path.display());
         }
     }
     match &report.mismatch {

@@ -20,7 +20,11 @@
 //!   stops renewing, etcd revokes the lease and deletes its keys.
 //! - **Instances** are keys `PREFIX/instances/SERVICE/ADDRESS` attached to their lease, with
 //!   the instance as JSON; `PREFIX/services/SERVICE` (no lease) marks a service as known. A
-//!   registration is one transaction.
+//!   registration is one transaction. It also writes a *claim* `PREFIX/claims/LEASE/SERVICE/ADDRESS`
+//!   per instance, attached to the same lease: a registration of the same address under another
+//!   lease moves the instance key to that lease but leaves the claim, so a renewal that finds a
+//!   claim without its instance key tells the server it lost the instance (and must register
+//!   again) — one lease time-to-live request per renewal.
 //! - **Changes** reach every controller through one etcd watch on the instance and service keys, which feeds an
 //!   in-memory copy of the state; look-ups and the controller's long polls are answered from
 //!   it. The revision Volley reports is etcd's cluster-wide revision, and the epoch is derived
@@ -49,7 +53,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use volley::registry::wire::{ListedInstance, ServiceListing};
-use volley::registry::{Instance, InstanceSpec, ServiceState, Store, StoreError, StoreStatus};
+use volley::registry::{Instance, InstanceSpec, Renewal, ServiceState, Store, StoreError, StoreStatus};
 
 /// The etcd v3 API messages and gRPC clients (generated from `proto/etcd.proto`, the part of
 /// etcd's API this crate uses).
@@ -144,6 +148,7 @@ struct Shared {
 struct Keys {
     instances: String,
     services: String,
+    claims: String,
     client_ids: String,
 }
 
@@ -152,12 +157,31 @@ impl Keys {
         Keys {
             instances: format!("{prefix}/instances/"),
             services: format!("{prefix}/services/"),
+            claims: format!("{prefix}/claims/"),
             client_ids: format!("{prefix}/client-ids/next"),
         }
     }
 
     fn instance(&self, service: &str, address: &str) -> String {
         format!("{}{}/{}", self.instances, encode_service(service), address)
+    }
+
+    /// The claim of `lease` on an instance key: where the key should be while the lease holds
+    /// it.
+    fn claim(&self, lease: u64, service: &str, address: &str) -> String {
+        format!("{}{lease:016x}/{}/{}", self.claims, encode_service(service), address)
+    }
+
+    /// Whether every instance `lease` claims is still attached to it, from the keys etcd lists
+    /// under the lease.
+    fn holds_its_claims(&self, lease: u64, attached: &[Vec<u8>]) -> bool {
+        let mine = format!("{}{lease:016x}/", self.claims);
+        let attached: BTreeSet<&[u8]> = attached.iter().map(Vec::as_slice).collect();
+        attached.iter().filter_map(|k| k.strip_prefix(mine.as_bytes())).all(|rest| {
+            let mut instance = self.instances.as_bytes().to_vec();
+            instance.extend_from_slice(rest);
+            attached.contains(instance.as_slice())
+        })
     }
 
     fn service(&self, service: &str) -> String {
@@ -761,6 +785,12 @@ impl Store for EtcdStore {
                     ..Default::default()
                 };
                 ops.push(pb::RequestOp { request: Some(pb::request_op::Request::RequestPut(put)) });
+                let claim = pb::PutRequest {
+                    key: s.keys.claim(lease, &spec.service, &spec.address).into_bytes(),
+                    lease: lease as i64,
+                    ..Default::default()
+                };
+                ops.push(pb::RequestOp { request: Some(pb::request_op::Request::RequestPut(claim)) });
                 by_key.insert(key, id);
                 ids.push(id);
                 services.insert(spec.service.clone());
@@ -780,14 +810,19 @@ impl Store for EtcdStore {
         })
     }
 
-    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Duration, StoreError>> {
+    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Renewal, StoreError>> {
         Box::pin(async move {
             let s = &self.shared;
             let resp = s.keep_alive(lease as i64).await.map_err(|e| backend("lease keep-alive", e))?;
             if resp.ttl <= 0 {
                 return Err(StoreError::UnknownLease(lease));
             }
-            Ok(Duration::from_secs(resp.ttl as u64))
+            let ttl = Duration::from_secs(resp.ttl as u64);
+            let attached = s.lease_ttl(lease as i64, true).await.map_err(|e| backend("lease ttl", e))?;
+            if attached.ttl < 0 {
+                return Err(StoreError::UnknownLease(lease));
+            }
+            Ok(Renewal { ttl, intact: s.keys.holds_its_claims(lease, &attached.keys) })
         })
     }
 
@@ -955,6 +990,26 @@ mod tests {
         assert!(inside(&keys.service("\u{10ffff}")));
         assert!(!inside(&keys.client_ids));
         assert!(!inside("/v/zzz") && !inside("/w/instances/a/x"));
+    }
+
+    #[test]
+    fn a_claim_without_its_instance_key_means_the_lease_lost_it() {
+        let keys = Keys::new("/v");
+        let (lease, other) = (0xabc, 0xdef);
+        let claims = [keys.claim(lease, "a/b", "unix:///tmp/x.sock"), keys.claim(lease, "c", "tcp://h:1")];
+        let instances = [keys.instance("a/b", "unix:///tmp/x.sock"), keys.instance("c", "tcp://h:1")];
+        let bytes = |ks: &[&String]| ks.iter().map(|k| k.as_bytes().to_vec()).collect::<Vec<_>>();
+        let all: Vec<&String> = claims.iter().chain(&instances).collect();
+        assert!(keys.holds_its_claims(lease, &bytes(&all)));
+        // The second instance key moved to another lease.
+        assert!(!keys.holds_its_claims(lease, &bytes(&[&claims[0], &claims[1], &instances[0]])));
+        // Another lease's claims are not ours; a lease of an older version has none at all.
+        assert!(keys.holds_its_claims(other, &bytes(&[&claims[0], &claims[1]])));
+        assert!(keys.holds_its_claims(lease, &bytes(&[&instances[0]])));
+        // Claims sort outside the mirrored range, so they wake no watch.
+        let inside =
+            |k: &str| k.as_bytes() >= &keys.state_start()[..] && k.as_bytes() < &keys.state_end()[..];
+        assert!(!inside(&claims[0]));
     }
 
     #[test]

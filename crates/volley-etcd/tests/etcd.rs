@@ -182,6 +182,55 @@ async fn a_server_whose_process_is_killed_disappears_when_its_lease_lapses() {
     a.shutdown().await;
 }
 
+/// A stray registration takes a live server's address under a lease it never renews: the
+/// store says at the server's next renewal that its lease lost the instance (through the claim
+/// key the instance key no longer sits beside), the server registers again, and once the stray
+/// lease has lapsed the address is still listed, under the server's lease, and answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
+async fn an_address_taken_by_a_stray_lease_comes_back_to_its_server_when_the_stray_lapses() {
+    use volley::registry::wire::{REGISTER, RegisterRequest};
+    let etcd = Etcd::start().await;
+    let (a, a_addr) = controller(&etcd, "stray").await;
+    let registry = Registry::connect(&a_addr).await.unwrap();
+    let (server, addr, reg) = instance(&registry, "real").await;
+    let store = store(&etcd, "stray").await;
+    assert!(store.renew(reg.lease()).await.unwrap().intact);
+
+    let raw = volley::Client::connect(&a_addr).await.unwrap();
+    let req = RegisterRequest {
+        lease: 0,
+        ttl_ms: 2_000,
+        instances: vec![InstanceSpec::new(SERVICE, addr.clone())],
+        credential: String::new(),
+    };
+    let stray = raw.call(&REGISTER, req).await.unwrap().lease;
+    let listed_under = async || {
+        let r = registry.resolve(SERVICE).await.unwrap();
+        r.instances.iter().map(|i| (i.address.clone(), i.lease)).collect::<Vec<_>>()
+    };
+    // The server's renewal (every second) finds the claim without its key and registers again.
+    wait_for(PATIENCE, "the server to take its address back", async || {
+        let now = listed_under().await;
+        reg.registrations() >= 2 && now == [(addr.clone(), reg.lease())]
+    })
+    .await;
+    // The stray lease lapses (etcd's minimum lease time) holding nothing.
+    let stray_alive = async || {
+        let req = pb::LeaseTimeToLiveRequest { id: stray as i64, keys: false };
+        let r = pb::lease_client::LeaseClient::new(store.channel()).lease_time_to_live(req).await.unwrap();
+        r.into_inner().ttl > 0
+    };
+    wait_for(PATIENCE, "the stray lease to lapse", async || !stray_alive().await).await;
+    assert_eq!(listed_under().await, [(addr.clone(), reg.lease())]);
+    assert!(store.renew(reg.lease()).await.unwrap().intact, "the server's new lease holds its instance");
+    let client = ServiceClient::connect_with(&a_addr, service_config()).await.unwrap();
+    assert_eq!(client.call(&WHO, 0).await.unwrap(), "real");
+    assert_eq!(reg.registrations(), 2, "registered again exactly once");
+    server.shutdown().await;
+    a.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn killing_controller_a_moves_clients_and_servers_to_b_and_calls_go_on() {

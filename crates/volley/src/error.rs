@@ -61,9 +61,79 @@ impl Error {
         }
     }
 
+    /// Whether trying again can help: [`Transient`](ErrorClass::Transient) failures may pass
+    /// (a peer unreachable, busy or restarting), [`Permanent`](ErrorClass::Permanent) ones will
+    /// not until something is changed (a credential, a request, an address), and
+    /// [`Other`](ErrorClass::Other) is the request's own outcome (a handler's error or panic),
+    /// which only the application can judge.
+    ///
+    /// | Class | Errors |
+    /// |---|---|
+    /// | transient | `Timeout`, `Connection`, `Closed`, `NoInstances`, `UnknownService`; `Remote` with `Overloaded`, `ShuttingDown`, `DeadlineExceeded`, `Cancelled`, `UnknownService` |
+    /// | permanent | `Unauthenticated`, `Usage`, `InvalidAddress`, `Encode`, `Decode`, `TooLarge`, `Protocol`; `Remote` with `BadRequest`, `Unauthenticated`, `UnknownMethod`, `TooLarge`, `Protocol` |
+    /// | other | `Remote` with `Application`, `Panicked`, `Internal` or a code this version does not know |
+    ///
+    /// A server that does not offer a service yet (`UnknownService`) may be starting, and a
+    /// service the registry does not know may register at any moment: both are transient.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Timeout(_)
+            | Error::Connection(_)
+            | Error::Closed
+            | Error::NoInstances { .. }
+            | Error::UnknownService(_) => ErrorClass::Transient,
+            Error::Unauthenticated(_)
+            | Error::Usage(_)
+            | Error::InvalidAddress { .. }
+            | Error::Encode(_)
+            | Error::Decode(_)
+            | Error::TooLarge { .. }
+            | Error::Protocol(_) => ErrorClass::Permanent,
+            Error::Remote(s) => match s.code {
+                Code::Overloaded
+                | Code::ShuttingDown
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::UnknownService => ErrorClass::Transient,
+                Code::BadRequest
+                | Code::Unauthenticated
+                | Code::UnknownMethod
+                | Code::TooLarge
+                | Code::Protocol => ErrorClass::Permanent,
+                Code::Application | Code::Panicked | Code::Internal | Code::Other(_) => ErrorClass::Other,
+            },
+        }
+    }
+
+    /// A refusal that repeating the same request will not change (see [`class`](Self::class)):
+    /// report it and stop instead of retrying.
+    pub fn is_permanent(&self) -> bool {
+        self.class() == ErrorClass::Permanent
+    }
+
+    /// A failure that may pass: retrying later, or elsewhere, can succeed.
+    pub fn is_transient(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+
     pub(crate) fn io(context: &str, e: std::io::Error) -> Error {
         Error::Connection(format!("{context}: {e}"))
     }
+}
+
+/// Whether an [`Error`] may pass if the request is tried again ([`Error::class`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// The peer could not be reached, was busy, restarting or too slow: try again later or
+    /// elsewhere.
+    Transient,
+    /// The request, the credentials or the configuration are wrong: trying again fails the same
+    /// way until they are fixed.
+    Permanent,
+    /// The request's own outcome (a handler's error, a panic, an internal failure): whether a
+    /// retry helps is the application's call.
+    Other,
 }
 
 /// An error reply: a [`Code`] and a human-readable message. Handlers return it; callers see it
@@ -105,3 +175,44 @@ impl From<Error> for Status {
 
 /// Shorthand for results whose error is [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_permanent_and_outages_transient() {
+        let remote = |code| Error::Remote(Status::new(code, "x"));
+        let permanent = [
+            Error::Unauthenticated("wrong token".into()),
+            Error::Usage("bad".into()),
+            Error::InvalidAddress { addr: "x".into(), reason: "y".into() },
+            Error::TooLarge { len: 2, max: 1 },
+            remote(Code::BadRequest),
+            remote(Code::Unauthenticated),
+            remote(Code::UnknownMethod),
+        ];
+        for e in permanent {
+            assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+            assert!(e.is_permanent() && !e.is_transient(), "{e}");
+        }
+        let transient = [
+            Error::Timeout(Duration::from_millis(5)),
+            Error::Connection("refused".into()),
+            Error::Closed,
+            Error::NoInstances { service: "s".into() },
+            Error::UnknownService("s".into()),
+            remote(Code::Overloaded),
+            remote(Code::ShuttingDown),
+        ];
+        for e in transient {
+            assert_eq!(e.class(), ErrorClass::Transient, "{e}");
+            assert!(e.is_transient() && !e.is_permanent(), "{e}");
+        }
+        for code in [Code::Application, Code::Panicked, Code::Internal, Code::Other(999)] {
+            let e = remote(code);
+            assert_eq!(e.class(), ErrorClass::Other, "{e}");
+            assert!(!e.is_permanent() && !e.is_transient(), "{e}");
+        }
+    }
+}

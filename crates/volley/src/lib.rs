@@ -65,7 +65,7 @@ pub use bytemuck;
 pub use bytes;
 pub use client::{BatchOptions, BatchStream, CallOptions, Client, ClientConfig};
 pub use codec::{ByteString, CodecError, PodVec, StableHash, Tier, Wire};
-pub use error::{Error, Result, Status};
+pub use error::{Error, ErrorClass, Result, Status};
 pub use liveness::Keepalive;
 pub use method::Method;
 pub use proto::Code;

@@ -219,6 +219,11 @@ impl StreamConn {
         self.alive.load(Ordering::Relaxed)
     }
 
+    /// Completes when the connection has failed or closed.
+    pub async fn closed(&self) {
+        self.dead.cancelled().await
+    }
+
     /// Closes the connection from this side: queued requests are still written, then the
     /// write side is shut down; replies still arrive until the server closes its side.
     pub fn close(&self) {

@@ -248,6 +248,21 @@ impl Client {
         self.inner.conn.load().as_deref().is_some_and(Conn::is_alive)
     }
 
+    /// Makes the connection now if it is down (layers that pace their reconnects call this
+    /// rather than letting a call reconnect).
+    pub(crate) async fn connect_now(&self) -> Result<(), Error> {
+        self.inner.connection().await.map(drop)
+    }
+
+    /// Completes when the current connection has closed (at once if there is none).
+    pub(crate) async fn disconnected(&self) {
+        let Some(conn) = self.inner.conn.load_full() else { return };
+        match &*conn {
+            Conn::Local(server) => server.closed().await,
+            Conn::Stream(c) => c.closed().await,
+        }
+    }
+
     /// Calls sent and not yet answered on the current connection.
     pub fn pending_calls(&self) -> usize {
         match self.inner.conn.load().as_deref() {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::backoff::ReconnectGate;
 use super::wire::*;
 use crate::client::{CallOptions, Client, ClientConfig};
 use crate::codec::Wire;
@@ -50,6 +51,10 @@ struct Inner {
     config: ClientConfig,
     /// A connection per controller, made on first use (reconnecting on demand after that).
     clients: Mutex<Vec<Option<Client>>>,
+    /// Paces the connection attempts to each controller while it is unreachable.
+    gates: Vec<ReconnectGate>,
+    /// Connection attempts to controllers after first contact (failed ones included).
+    reconnects: AtomicU64,
     /// Index of the controller calls go to now.
     current: AtomicUsize,
     failovers: AtomicU64,
@@ -80,6 +85,10 @@ pub struct RegistryStats {
     /// Times calls moved to another controller of the list because the one in use could not
     /// be reached.
     pub failovers: u64,
+    /// Connection attempts to controllers after first contact, failed ones included. While a
+    /// controller is unreachable they are paced (at most 20 a second); calls in between fail
+    /// at once with a connection error.
+    pub reconnects: u64,
 }
 
 impl RegistryStats {
@@ -119,11 +128,11 @@ impl Registry {
             let attempt = async {
                 let bootstrap = Client::connect_with(a, config.clone()).await?;
                 let id = bootstrap.call(&ALLOC_CLIENT_ID, ()).await?;
-                Ok::<_, Error>((id, bootstrap.counters()))
+                Ok::<_, Error>((id, bootstrap))
             };
             match attempt.await {
-                Ok((id, counters)) => {
-                    first = Some((i, id, counters));
+                Ok((id, bootstrap)) => {
+                    first = Some((i, id, bootstrap));
                     break;
                 }
                 Err(e) => {
@@ -134,14 +143,20 @@ impl Registry {
                 }
             }
         }
-        let Some((index, client_id, bootstrap_transport)) = first else {
+        let Some((index, client_id, bootstrap)) = first else {
             return Err(last_err.expect("at least one controller was tried"));
         };
         let sequence = Arc::new(AtomicU32::new(0));
         let cfg =
             ClientConfig { client_id: Some(client_id), shared_sequence: Some(sequence.clone()), ..config };
         let client = Client::connect_with(&controllers[index], cfg.clone()).await?;
+        // The controller holds the id for the connection that asked for it: the new connection
+        // claims it before that one closes, so it is never free in between.
+        claim(&client, client_id).await;
+        let bootstrap_transport = bootstrap.counters();
+        drop(bootstrap);
         let mut clients = vec![None; controllers.len()];
+        let gates = controllers.iter().map(|_| ReconnectGate::default()).collect();
         clients[index] = Some(client);
         Ok(Registry {
             inner: Arc::new(Inner {
@@ -149,6 +164,8 @@ impl Registry {
                 credential: Default::default(),
                 controllers,
                 config: cfg,
+                gates,
+                reconnects: AtomicU64::new(0),
                 clients: Mutex::new(clients),
                 current: AtomicUsize::new(index),
                 failovers: AtomicU64::new(0),
@@ -157,9 +174,9 @@ impl Registry {
                 bootstrap_transport,
                 lookups: AtomicU64::new(0),
                 watches: AtomicU64::new(0),
-                // The first-contact exchange counts.
-                sent: AtomicU64::new(1),
-                received: AtomicU64::new(1),
+                // First contact counts: the id asked for, and claimed on the new connection.
+                sent: AtomicU64::new(2),
+                received: AtomicU64::new(2),
             }),
         })
     }
@@ -211,6 +228,7 @@ impl Registry {
                 t
             },
             failovers: i.failovers.load(Relaxed),
+            reconnects: i.reconnects.load(Relaxed),
         }
     }
 
@@ -224,13 +242,52 @@ impl Registry {
         }
     }
 
-    /// The connection to controller `i`, made if there is none yet.
-    async fn client(&self, i: usize) -> Result<Client, Error> {
-        if let Some(c) = self.inner.clients.lock()[i].clone() {
-            return Ok(c);
+    /// The connection to controller `i`, connected: made now if there is none or it was lost,
+    /// at the gate's pace (a controller that is down is not dialled by every call). After a
+    /// reconnect the client's id is claimed on the new connection, so the controller — a
+    /// restarted one included — holds it for this client again.
+    async fn connected(&self, i: usize) -> Result<Client, Error> {
+        let existing = self.inner.clients.lock()[i].clone();
+        if let Some(c) = existing.as_ref().filter(|c| c.is_connected()) {
+            return Ok(c.clone());
         }
-        let c = Client::connect_with(&self.inner.controllers[i], self.inner.config.clone()).await?;
-        Ok(self.inner.clients.lock()[i].get_or_insert(c).clone())
+        let gate = &self.inner.gates[i];
+        let _one_attempt = gate.attempt.lock().await;
+        let existing = self.inner.clients.lock()[i].clone();
+        if let Some(c) = existing.as_ref().filter(|c| c.is_connected()) {
+            return Ok(c.clone());
+        }
+        let addr = &self.inner.controllers[i];
+        gate.begin().map_err(|wait| {
+            Error::Connection(format!("registry controller {addr} unreachable; next attempt in {wait:?}"))
+        })?;
+        self.inner.reconnects.fetch_add(1, Relaxed);
+        let client = match existing {
+            Some(c) => c.connect_now().await.map(|()| c),
+            None => Client::connect_with(addr, self.inner.config.clone()).await,
+        }?;
+        gate.succeeded();
+        tracing::debug!(controller = %addr, "connected to the registry controller");
+        self.inner.sent.fetch_add(1, Relaxed);
+        if claim(&client, self.inner.client_id).await {
+            self.inner.received.fetch_add(1, Relaxed);
+        }
+        Ok(self.inner.clients.lock()[i].get_or_insert(client).clone())
+    }
+
+    /// Completes when the connection to the controller in use closes (at once if it is down):
+    /// a server's keeper renews as soon as it can reach a controller again.
+    pub(crate) async fn connection_lost(&self) {
+        let current = self.inner.current.load(Relaxed);
+        let client = self.inner.clients.lock()[current].clone();
+        if let Some(c) = client {
+            c.disconnected().await;
+        }
+    }
+
+    /// How long until the controller in use may be dialled again (zero: now).
+    pub(crate) fn reconnect_wait(&self) -> Duration {
+        self.inner.gates[self.inner.current.load(Relaxed)].wait()
     }
 
     /// Calls the controller in use; if it cannot be reached, or its connection fails or the
@@ -246,7 +303,7 @@ impl Registry {
         let n = self.inner.controllers.len();
         if n == 1 {
             // One controller: nothing to fail over to, and no clone of the request.
-            let client = self.client(0).await?;
+            let client = self.connected(0).await?;
             return self.call_one(&client, m, req, timeout).await;
         }
         let start = self.inner.current.load(Relaxed);
@@ -258,23 +315,18 @@ impl Registry {
                 tracing::warn!(from = %from, to = %to, error = %last_err.as_ref().expect("set"), "registry controller unreachable; failing over");
                 self.inner.failovers.fetch_add(1, Relaxed);
             }
-            let client = match self.client(i).await {
+            // Connected before anything is sent: a failure here sent nothing, so any call may
+            // move on.
+            let client = match self.connected(i).await {
                 Ok(c) => c,
                 Err(e) => {
                     last_err = Some(e);
                     continue;
                 }
             };
-            // A connection that is down now is made again before anything is sent, so a
-            // failure to make it means the request did not go out.
-            let was_connected = client.is_connected();
             let r = self.call_one(&client, m, req.clone(), timeout).await;
             match r {
-                Err(e @ (Error::Connection(_) | Error::Closed)) if repeatable || !was_connected => {
-                    last_err = Some(e);
-                    continue;
-                }
-                Err(e @ Error::Timeout(_)) if repeatable => {
+                Err(e @ (Error::Connection(_) | Error::Closed | Error::Timeout(_))) if repeatable => {
                     last_err = Some(e);
                     continue;
                 }
@@ -327,6 +379,12 @@ impl Registry {
         self.call(&LIST, (), None, true).await
     }
 
+    /// What the controller requires of its callers (a registration credential, a token).
+    /// Controllers older than this call answer with `UnknownMethod`.
+    pub async fn info(&self) -> Result<ControllerInfo, Error> {
+        self.call(&INFO, (), None, true).await
+    }
+
     /// A fresh client id (for clients that connect to servers without a `Registry` of their
     /// own).
     pub async fn alloc_client_id(&self) -> Result<u32, Error> {
@@ -358,6 +416,20 @@ impl Registry {
     pub(crate) async fn relay(&self, req: RelayRequest, timeout: Duration) -> Result<RelayReply, Error> {
         let repeatable = req.idempotent;
         self.call(&RELAY, req, Some(timeout + MARGIN), repeatable).await
+    }
+}
+
+/// Holds `id` for this client on `client`'s connection; returns whether the controller
+/// answered. A controller older than this call answers `UnknownMethod`, which is fine: it
+/// never released ids on its own.
+async fn claim(client: &Client, id: u32) -> bool {
+    let opts = CallOptions::default().timeout(Duration::from_secs(5));
+    match client.call_with(&CLAIM_CLIENT_ID, id, opts).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(id, error = %e, "the controller did not take the client id's claim");
+            matches!(e, Error::Remote(_))
+        }
     }
 }
 

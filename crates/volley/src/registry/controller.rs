@@ -15,6 +15,7 @@ use tokio::sync::{OnceCell, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::client_ids::{self, Holders};
 use super::pool::{Balance, Pool, PoolConfig, PoolStats, Route};
 use super::store::{MemoryStore, Store, StoreError, StoreStatus};
 use super::wire::*;
@@ -81,6 +82,9 @@ pub struct ControllerStats {
     pub relay_failovers: u64,
     /// The store's backend: reachable or not, outages, errors, re-reads.
     pub store: StoreStatus,
+    /// Client ids held by open connections to this controller (each is given back when the
+    /// last connection holding it closes).
+    pub client_ids_held: u64,
 }
 
 /// A running controller. Cheap to clone.
@@ -99,6 +103,8 @@ struct State {
     expiry_started: AtomicBool,
     resolves: AtomicU64,
     watches: AtomicU64,
+    /// Which connections hold which client ids (an id is given back when they close).
+    holders: Arc<Holders>,
     relay: Relay,
 }
 
@@ -118,6 +124,7 @@ impl Controller {
             expiry_started: AtomicBool::new(false),
             resolves: AtomicU64::new(0),
             watches: AtomicU64::new(0),
+            holders: Arc::default(),
             relay: Relay::new(&config, rev),
             store,
             config,
@@ -176,6 +183,7 @@ impl Controller {
             relayed_calls: relay.calls.load(Relaxed),
             relay_failovers: relay.stats.failovers.load(Relaxed),
             store: self.state.store.status(),
+            client_ids_held: self.state.holders.held() as u64,
         }
     }
 }
@@ -202,6 +210,8 @@ fn build_server(st: &Arc<State>) -> Server {
         .handle(&WATCH, with_state!(watch_service))
         .handle(&ALLOC_CLIENT_ID, with_state!(alloc_client_id))
         .handle(&RELEASE_CLIENT_ID, with_state!(release_client_id))
+        .handle(&CLAIM_CLIENT_ID, with_state!(claim_client_id))
+        .handle(&INFO, with_state!(info))
         .handle(&LIST, with_state!(list))
         .handle(&RELAY, with_state!(relay))
         .build()
@@ -246,6 +256,13 @@ impl State {
         }
     }
 
+    /// Reserves `id` in the store (a client from an earlier life of the controller keeps its id)
+    /// and holds it for `connection`.
+    async fn claim(&self, id: u32, connection: Option<crate::server::ConnectionScope>) {
+        let _ = self.store.claim_client_id(id).await;
+        client_ids::hold(&self.holders, &self.store, &self.stop, id, connection);
+    }
+
     fn ttl(&self, ttl_ms: u64) -> Duration {
         Duration::from_millis(ttl_ms).clamp(self.config.min_ttl, self.config.max_ttl)
     }
@@ -279,7 +296,7 @@ async fn register(st: Arc<State>, r: RegisterRequest) -> Result<Registered, Stat
         let ttl = st.ttl(r.ttl_ms);
         (st.store.grant(ttl).await.map_err(status)?, ttl)
     } else {
-        (r.lease, st.store.renew(r.lease).await.map_err(status)?)
+        (r.lease, st.store.renew(r.lease).await.map_err(status)?.ttl)
     };
     match st.store.register(lease, &r.instances).await {
         Ok(instance_ids) => {
@@ -299,7 +316,17 @@ async fn renew(st: Arc<State>, r: LeaseRequest) -> Result<Renewed, Status> {
     check_credential(&st, &r.credential, "renew", &r.lease)?;
     let lease = r.lease;
     match st.store.renew(lease).await {
-        Ok(ttl) => Ok(Renewed { known: true, ttl_ms: ttl.as_millis() as u64 }),
+        Ok(r) if r.intact => Ok(Renewed { known: true, ttl_ms: r.ttl.as_millis() as u64 }),
+        // Another registration took one of the lease's instances (and may have lapsed with
+        // it): `known = false` makes the server register again at once — a reply every server,
+        // old or new, already acts on. The lease itself lapses unrenewed, holding nothing.
+        Ok(_) => {
+            tracing::info!(
+                lease,
+                "an instance of this lease was registered under another lease; asking its server to register again"
+            );
+            Ok(Renewed { known: false, ttl_ms: 0 })
+        }
         Err(StoreError::UnknownLease(_)) => Ok(Renewed { known: false, ttl_ms: 0 }),
         Err(e) => Err(status(e)),
     }
@@ -329,7 +356,7 @@ async fn resolve(st: Arc<State>, service: String) -> Result<Resolved, Status> {
 async fn watch_service(st: Arc<State>, w: WatchRequest) -> Result<Resolved, Status> {
     st.watches.fetch_add(1, Relaxed);
     if w.client_id != 0 {
-        let _ = st.store.claim_client_id(w.client_id).await;
+        st.claim(w.client_id, crate::server::current_connection()).await;
     }
     // Subscribe before reading, so a change between the read and the wait is not missed.
     let mut changes: watch::Receiver<u64> = st.store.subscribe();
@@ -351,12 +378,41 @@ async fn watch_service(st: Arc<State>, w: WatchRequest) -> Result<Resolved, Stat
     }
 }
 
+/// The id is held by the connection that asked (read before the first await, while the
+/// server still knows whose request this is) until it closes.
 async fn alloc_client_id(st: Arc<State>, _: ()) -> Result<u32, Status> {
-    st.store.alloc_client_id().await.map_err(status)
+    let connection = crate::server::current_connection();
+    let id = st.store.alloc_client_id().await.map_err(status)?;
+    client_ids::hold(&st.holders, &st.store, &st.stop, id, connection);
+    Ok(id)
 }
 
+/// Only a connection that holds the id (or anyone, for an id no connection holds) gives it
+/// back; others are answered `false`.
 async fn release_client_id(st: Arc<State>, id: u32) -> Result<bool, Status> {
+    let connection = crate::server::current_connection().map(|c| c.id);
+    if !st.holders.may_release(id, connection) {
+        tracing::warn!(id, "refused to release a client id held by another connection");
+        return Ok(false);
+    }
+    st.holders.forget(id);
     st.store.release_client_id(id).await.map_err(status)
+}
+
+async fn claim_client_id(st: Arc<State>, id: u32) -> Result<(), Status> {
+    if id == 0 {
+        return Err(Status::new(Code::BadRequest, "client id 0 is never allocated"));
+    }
+    st.claim(id, crate::server::current_connection()).await;
+    Ok(())
+}
+
+async fn info(st: Arc<State>, _: ()) -> Result<ControllerInfo, Status> {
+    Ok(ControllerInfo {
+        registration_credential: st.config.registration_credential.is_some(),
+        token: !st.config.tokens.is_empty(),
+        durable: st.store.durable(),
+    })
 }
 
 async fn list(st: Arc<State>, _: ()) -> Result<Listing, Status> {
@@ -451,7 +507,7 @@ impl Relay {
                     keep_last_good: false,
                 };
                 let fresh = Arc::new(RelayPool {
-                    pool: Arc::new(Pool::new(service.to_string(), config, self.stats.clone())),
+                    pool: Pool::new(service.to_string(), config, self.stats.clone()),
                     seen: AtomicU64::new(0),
                 });
                 self.pools.lock().entry(service.to_string()).or_insert(fresh).clone()

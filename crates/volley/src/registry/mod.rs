@@ -21,8 +21,12 @@
 //! `docs/ARCHITECTURE.md` (Registry) explains the design; `docs/PROTOCOL.md` §16 specifies the
 //! methods and messages.
 
+mod backoff;
+mod client_ids;
 mod control;
 mod controller;
+mod ejection;
+mod endpoint;
 mod hash;
 mod pool;
 mod registration;
@@ -38,8 +42,8 @@ pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash}
 pub use pool::Balance;
 pub use registration::{LeaseConfig, Registration};
 pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig, merge_sorted};
-pub use store::{MemoryStore, ServiceState, Store, StoreError, StoreStatus};
-pub use wire::{Instance, InstanceSpec, Listing, Resolved};
+pub use store::{MemoryStore, Renewal, ServiceState, Store, StoreError, StoreStatus};
+pub use wire::{ControllerInfo, Instance, InstanceSpec, Listing, Resolved};
 
 use crate::error::Error;
 

@@ -1,20 +1,24 @@
 //! The instances of one service as a caller sees them: a cached list, one connection per
-//! instance, balancing, key routing, dropping instances that stop answering, and failover.
+//! instance, balancing, key routing, ejecting instances that stop answering (and probing them
+//! later, see [`ejection`](super::ejection)), and failover.
 //!
 //! Used by both callers of instances: a [`ServiceClient`](super::ServiceClient) in direct
 //! mode (the list comes from the registry and is kept fresh by a watch) and the controller's
 //! relay (the list comes from its own store).
 
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::time::Instant;
 
+use super::ejection::{Ejections, ProbeClock, Reason};
+pub(crate) use super::endpoint::Endpoint;
+use super::endpoint::{Outstanding, two_choices};
 use super::hash::HashRing;
 use super::wire::{Instance, Resolved};
 use crate::client::{Client, ClientConfig};
@@ -35,6 +39,9 @@ pub enum Balance {
     LeastOutstanding,
 }
 
+/// Probes due within this much of each other start together.
+const PROBE_ROUND: Duration = Duration::from_millis(100);
+
 /// Where one call goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -50,8 +57,8 @@ pub(crate) enum Route {
 #[derive(Debug, Clone)]
 pub(crate) struct PoolConfig {
     pub balance: Balance,
-    /// How long an instance that stopped answering is left out before it is tried again (if
-    /// the registry still lists it).
+    /// How long an instance that stopped answering is left out before it is probed (if the
+    /// registry still lists it); each failed probe doubles it, up to 16 times.
     pub quarantine: Duration,
     /// Most instances one call tries (idempotent calls fail over; any call moves on when
     /// connecting fails, since nothing was sent).
@@ -74,7 +81,7 @@ pub(crate) struct PoolStats {
 }
 
 impl PoolStats {
-    fn retire(&self, s: Snapshot) {
+    pub fn retire(&self, s: Snapshot) {
         add_snapshot(&mut self.retired.lock(), &s);
     }
 
@@ -92,68 +99,6 @@ pub(crate) fn add_snapshot(acc: &mut Snapshot, s: &Snapshot) {
     acc.bytes_received += s.bytes_received;
 }
 
-/// One instance and the connection to it (made on first use).
-pub(crate) struct Endpoint {
-    pub address: String,
-    /// Updated in place when the registry changes the instance's weight or metadata, so the
-    /// connection survives.
-    info: ArcSwap<Instance>,
-    client: ArcSwapOption<Client>,
-    connecting: tokio::sync::Mutex<()>,
-    outstanding: AtomicUsize,
-    stats: Arc<PoolStats>,
-}
-
-impl Endpoint {
-    fn new(instance: Instance, stats: Arc<PoolStats>) -> Endpoint {
-        Endpoint {
-            address: instance.address.clone(),
-            info: ArcSwap::from_pointee(instance),
-            client: ArcSwapOption::empty(),
-            connecting: tokio::sync::Mutex::new(()),
-            outstanding: AtomicUsize::new(0),
-            stats,
-        }
-    }
-
-    pub fn instance(&self) -> Instance {
-        (**self.info.load()).clone()
-    }
-
-    fn weight(&self) -> u32 {
-        self.info.load().weight.max(1)
-    }
-
-    /// The connection, made now if there is none or it died. Connecting here, before the
-    /// request is handed over, means a failure to connect is known to have sent nothing.
-    async fn connect(&self, config: &ClientConfig) -> Result<Client, Error> {
-        if let Some(c) = self.client.load().as_deref().filter(|c| c.is_connected()) {
-            return Ok(c.clone());
-        }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(c) = self.client.load().as_deref().filter(|c| c.is_connected()) {
-            return Ok(c.clone());
-        }
-        let c = Client::connect_with(&self.address, config.clone()).await?;
-        if let Some(old) = self.client.swap(Some(Arc::new(c.clone()))) {
-            self.stats.retire(old.counters());
-        }
-        Ok(c)
-    }
-
-    fn counters(&self) -> Snapshot {
-        self.client.load().as_deref().map(Client::counters).unwrap_or_default()
-    }
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        if let Some(c) = self.client.load().as_deref() {
-            self.stats.retire(c.counters());
-        }
-    }
-}
-
 /// One immutable picture of the service; replaced whole on every change.
 pub(crate) struct View {
     pub epoch: u64,
@@ -162,14 +107,16 @@ pub(crate) struct View {
     pub known: bool,
     /// Every valid instance the registry lists (the last good list).
     pub listed: Vec<Arc<Endpoint>>,
-    /// `listed` without the instances left out for not answering (or all of `listed` if that
-    /// would leave none: trying is better than failing without trying).
+    /// Whether each listed instance is out of rotation (all false if every one is: trying is
+    /// better than failing without trying).
+    out: Vec<bool>,
+    /// `listed` without the instances out of rotation.
     active: Vec<Arc<Endpoint>>,
-    ring: HashRing,
+    /// The ring over `listed`, made on the first keyed call (a caller that never routes by key
+    /// never pays for it) and shared by the views that differ only in who is out.
+    ring: Arc<OnceLock<HashRing>>,
     /// Prefix sums of the active instances' weights (weighted round-robin).
     cum_weights: Vec<u64>,
-    /// When the first left-out instance may be tried again.
-    readmit_at: Option<Instant>,
 }
 
 impl View {
@@ -180,11 +127,15 @@ impl View {
             settling: false,
             known: false,
             listed: Vec::new(),
+            out: Vec::new(),
             active: Vec::new(),
-            ring: HashRing::default(),
+            ring: Arc::default(),
             cum_weights: Vec::new(),
-            readmit_at: None,
         }
+    }
+
+    fn ring(&self) -> &HashRing {
+        self.ring.get_or_init(|| HashRing::new(self.listed.iter().map(|e| (e.address.as_str(), e.weight()))))
     }
 }
 
@@ -194,37 +145,36 @@ pub(crate) struct Pool {
     view: ArcSwap<View>,
     config: PoolConfig,
     rr: AtomicU64,
-    /// Address -> until when it is left out.
-    quarantine: Mutex<FxHashMap<String, Instant>>,
-    /// Serializes view rebuilds (updates and drops), which are rare.
+    /// Instances out of rotation, and when to probe them.
+    ejections: Mutex<Ejections>,
+    /// When the next probe is due. Read by every call, so it lives outside the view: starting
+    /// or failing a probe rebuilds nothing.
+    next_probe: ProbeClock,
+    /// Serializes view rebuilds (updates and ejections), which are rare.
     update: Mutex<()>,
     pub stats: Arc<PoolStats>,
+    /// This pool, for the probes it starts.
+    me: Weak<Pool>,
 }
 
 impl Pool {
-    pub fn new(service: String, config: PoolConfig, stats: Arc<PoolStats>) -> Pool {
-        Pool {
+    pub fn new(service: String, config: PoolConfig, stats: Arc<PoolStats>) -> Arc<Pool> {
+        Arc::new_cyclic(|me| Pool {
             service,
             view: ArcSwap::from_pointee(View::empty()),
+            ejections: Mutex::new(Ejections::new(config.quarantine)),
+            next_probe: ProbeClock::default(),
             config,
             rr: AtomicU64::new(0),
-            quarantine: Mutex::new(FxHashMap::default()),
             update: Mutex::new(()),
             stats,
-        }
+            me: me.clone(),
+        })
     }
 
-    /// The current view, first letting left-out instances back in if their time is up.
+    /// The current view.
     pub fn view(&self) -> Arc<View> {
-        let v = self.view.load_full();
-        match v.readmit_at {
-            Some(t) if Instant::now() >= t => {
-                let _g = self.update.lock();
-                let cur = self.view.load_full();
-                self.install(&cur, cur.listed.clone())
-            }
-            _ => v,
-        }
+        self.view.load_full()
     }
 
     /// (epoch, revision, settling) of the list held: where the next watch continues from.
@@ -239,7 +189,7 @@ impl Pool {
     ///   ignored.
     /// - **The last good list is kept**: an update that leaves no valid instance does not wipe
     ///   a non-empty list (a registry that lost its state, or a bad update, must not stop
-    ///   calls that work); instances that really died are dropped when calls to them fail.
+    ///   calls that work); instances that really died are ejected when calls to them fail.
     /// - While the controller is settling after a restart (servers still registering again),
     ///   the update is merged with the list held instead of replacing it.
     pub fn apply(&self, r: Resolved) -> bool {
@@ -263,12 +213,11 @@ impl Pool {
         if valid.len() < total {
             tracing::warn!(service = %self.service, ignored = total - valid.len(), "ignored invalid instances in a registry update");
         }
+        let held: FxHashMap<&str, &Arc<Endpoint>> =
+            cur.listed.iter().map(|e| (e.address.as_str(), e)).collect();
         if r.settling {
-            for ep in &cur.listed {
-                if !valid.iter().any(|i| i.address == ep.address) {
-                    valid.push(ep.instance());
-                }
-            }
+            let fresh: std::collections::HashSet<String> = valid.iter().map(|i| i.address.clone()).collect();
+            valid.extend(cur.listed.iter().filter(|e| !fresh.contains(&e.address)).map(|e| e.instance()));
         }
         let keep_last_good = self.config.keep_last_good && valid.is_empty() && !cur.listed.is_empty();
         if keep_last_good {
@@ -279,11 +228,9 @@ impl Pool {
         } else {
             valid
                 .into_iter()
-                .map(|i| match cur.listed.iter().find(|e| e.address == i.address) {
-                    Some(e) => {
-                        if **e.info.load() != i {
-                            e.info.store(Arc::new(i));
-                        }
+                .map(|i| match held.get(i.address.as_str()) {
+                    Some(&e) => {
+                        e.update(i);
                         e.clone()
                     }
                     None => Arc::new(Endpoint::new(i, self.stats.clone())),
@@ -297,26 +244,30 @@ impl Pool {
             revision: r.revision,
             settling: r.settling,
             known: r.known || cur.known,
+            // A weight may have changed in place: the ring is made again.
+            ring: Arc::default(),
             ..View::empty()
         };
+        if changed {
+            let addresses: std::collections::HashSet<&str> =
+                listed.iter().map(|e| e.address.as_str()).collect();
+            self.ejections.lock().retain(|a| addresses.contains(a));
+        }
         self.install(&meta, listed);
         changed
     }
 
-    /// Builds and installs a view with `meta`'s epoch/revision and the given list, applying the
-    /// quarantine. Call with `update` held.
+    /// Builds and installs a view with `meta`'s epoch, revision and ring and the given list,
+    /// leaving out the ejected instances. Call with `update` held.
     fn install(&self, meta: &View, listed: Vec<Arc<Endpoint>>) -> Arc<View> {
-        let now = Instant::now();
-        let mut q = self.quarantine.lock();
-        q.retain(|addr, until| *until > now && listed.iter().any(|e| &e.address == addr));
-        let mut active: Vec<Arc<Endpoint>> =
-            listed.iter().filter(|e| !q.contains_key(&e.address)).cloned().collect();
-        let readmit_at = q.values().min().copied();
-        drop(q);
-        if active.is_empty() {
-            active = listed.clone();
+        let ej = self.ejections.lock();
+        let mut out: Vec<bool> = listed.iter().map(|e| ej.is_ejected(&e.address)).collect();
+        drop(ej);
+        if out.iter().all(|&o| o) {
+            out.iter_mut().for_each(|o| *o = false);
         }
-        let ring = HashRing::new(active.iter().map(|e| (e.address.as_str(), e.weight())));
+        let active: Vec<Arc<Endpoint>> =
+            listed.iter().zip(&out).filter(|(_, o)| !**o).map(|(e, _)| e.clone()).collect();
         let cum_weights = active
             .iter()
             .scan(0u64, |acc, e| {
@@ -330,29 +281,85 @@ impl Pool {
             settling: meta.settling,
             known: meta.known,
             listed,
+            out,
             active,
-            ring,
+            ring: meta.ring.clone(),
             cum_weights,
-            readmit_at,
         });
         self.view.store(v.clone());
         v
     }
 
-    /// Leaves out an instance that stopped answering, for the quarantine time.
-    fn drop_endpoint(&self, ep: &Endpoint, why: &Error) {
+    /// The view again with the current ejections (same list, same ring).
+    fn reinstall(&self) -> Arc<View> {
         let _g = self.update.lock();
         let cur = self.view.load_full();
-        if !cur.listed.iter().any(|e| e.address == ep.address) {
+        self.install(&cur, cur.listed.clone())
+    }
+
+    /// Takes an instance that stopped answering out of rotation until it is probed.
+    fn eject(&self, ep: &Endpoint, why: &Error) {
+        let fresh = {
+            let mut ej = self.ejections.lock();
+            let fresh = ej.eject(&ep.address, Reason::Unreachable, Instant::now());
+            self.set_next_probe(ej.next_due());
+            fresh
+        };
+        if !fresh {
             return;
         }
-        let fresh =
-            self.quarantine.lock().insert(ep.address.clone(), Instant::now() + self.config.quarantine);
-        if fresh.is_none() {
-            self.stats.instances_dropped.fetch_add(1, Relaxed);
-            tracing::info!(service = %self.service, address = %ep.address, error = %why, "instance stopped answering; leaving it out");
+        self.stats.instances_dropped.fetch_add(1, Relaxed);
+        tracing::info!(service = %self.service, address = %ep.address, error = %why, "instance stopped answering; taking it out of rotation");
+        self.reinstall();
+    }
+
+    fn set_next_probe(&self, at: Option<Instant>) {
+        self.next_probe.set(at);
+    }
+
+    /// Probes every ejected instance that is due, each on a task of its own: one connection
+    /// attempt, beside the calls. The view does not change until a probe connects. Runs on a
+    /// call's task, inside the runtime.
+    fn start_probes(&self) {
+        let due = {
+            let mut ej = self.ejections.lock();
+            // Those due in the next moments too: many ejected instances are probed in a few
+            // rounds rather than one round each.
+            let due = ej.take_due(Instant::now() + PROBE_ROUND);
+            self.set_next_probe(ej.next_due());
+            due
+        };
+        let view = self.view.load_full();
+        let by_address: FxHashMap<&str, &Arc<Endpoint>> =
+            view.listed.iter().map(|e| (e.address.as_str(), e)).collect();
+        for address in due {
+            let Some(ep) = by_address.get(address.as_str()).map(|&e| e.clone()) else { continue };
+            let (pool, config) = (self.me.clone(), self.config.client.clone());
+            tokio::spawn(async move {
+                let connected = ep.connect(&config).await;
+                let Some(pool) = pool.upgrade() else { return };
+                pool.probed(&ep.address, connected.err());
+            });
         }
-        self.install(&cur, cur.listed.clone());
+    }
+
+    /// A probe's outcome: back in rotation, or out for longer.
+    fn probed(&self, address: &str, failed: Option<Error>) {
+        let mut ej = self.ejections.lock();
+        match failed {
+            None => {
+                let was = ej.readmit(address);
+                self.set_next_probe(ej.next_due());
+                drop(ej);
+                tracing::info!(service = %self.service, address, out_for = ?was, "instance answers again; back in rotation");
+                self.reinstall();
+            }
+            Some(e) => {
+                ej.probe_failed(address, Instant::now());
+                self.set_next_probe(ej.next_due());
+                tracing::debug!(service = %self.service, address, error = %e, "probe failed");
+            }
+        }
     }
 
     fn no_instances(&self, view: &View) -> Error {
@@ -369,9 +376,12 @@ impl Pool {
         let active = &view.active;
         match route {
             Route::Address(a) => view.listed.iter().find(|e| &e.address == a && !was_tried(e)).cloned(),
-            Route::Key(h) => {
-                view.ring.node_skipping(*h, |i| was_tried(&active[i])).map(|i| active[i].clone())
-            }
+            // Out of rotation or tried: the key goes to the next instance clockwise, as if that
+            // one had left the ring.
+            Route::Key(h) => view
+                .ring()
+                .node_skipping(*h, |i| view.out[i] || was_tried(&view.listed[i]))
+                .map(|i| view.listed[i].clone()),
             Route::Balanced if active.is_empty() => None,
             Route::Balanced => match self.config.balance {
                 Balance::RoundRobin => {
@@ -383,25 +393,10 @@ impl Pool {
                         .find(|e| !was_tried(e))
                         .cloned()
                 }
+                Balance::LeastOutstanding if tried.is_empty() => two_choices(active),
                 Balance::LeastOutstanding => {
-                    let candidates: Vec<&Arc<Endpoint>> = if tried.is_empty() {
-                        active.iter().collect()
-                    } else {
-                        active.iter().filter(|e| !was_tried(e)).collect()
-                    };
-                    match candidates.len() {
-                        0 => None,
-                        1 => Some(candidates[0].clone()),
-                        n => {
-                            let a = fastrand::usize(..n);
-                            let b = (a + 1 + fastrand::usize(..n - 1)) % n;
-                            let (ea, eb) = (candidates[a], candidates[b]);
-                            // Fewer outstanding calls per unit of weight wins.
-                            let la = ea.outstanding.load(Relaxed) as u64 * eb.weight() as u64;
-                            let lb = eb.outstanding.load(Relaxed) as u64 * ea.weight() as u64;
-                            Some(if lb < la { eb.clone() } else { ea.clone() })
-                        }
-                    }
+                    let left: Vec<Arc<Endpoint>> = active.iter().filter(|e| !was_tried(e)).cloned().collect();
+                    two_choices(&left)
                 }
             },
         }
@@ -426,12 +421,11 @@ impl Pool {
         let mut failing_over = false;
         loop {
             let picked = {
-                // A guard, not a clone: the view is only needed until the pick.
-                let mut view = self.view.load();
-                if view.readmit_at.is_some_and(|t| Instant::now() >= t) {
-                    self.view();
-                    view = self.view.load();
+                if self.next_probe.take_turn() {
+                    self.start_probes();
                 }
+                // A guard, not a clone: the view is only needed until the pick.
+                let view = self.view.load();
                 match tried.len() < self.config.max_attempts {
                     true => self.pick(&view, route, &tried).ok_or_else(|| self.no_instances(&view)),
                     false => Err(self.no_instances(&view)),
@@ -444,7 +438,7 @@ impl Pool {
             let client = match ep.connect(&self.config.client).await {
                 Ok(c) => c,
                 Err(e) => {
-                    self.drop_endpoint(&ep, &e);
+                    self.eject(&ep, &e);
                     tried.push(ep);
                     last_err = Some(e);
                     continue;
@@ -454,15 +448,15 @@ impl Pool {
                 self.stats.failovers.fetch_add(1, Relaxed);
             }
             // Only least-outstanding reads the count; the other policies skip two atomics.
-            let load =
-                (self.config.balance == Balance::LeastOutstanding).then(|| Outstanding::new(&ep.outstanding));
+            let load = (self.config.balance == Balance::LeastOutstanding)
+                .then(|| Outstanding::new(ep.outstanding()));
             let r = attempt(client).await;
             drop(load);
             match r {
                 // A `ShuttingDown` reply: the instance dropped the call at its drain deadline
                 // and is going away, like a lost connection (the call may have partly run).
                 Err(e) if matches!(e, Error::Connection(_)) || e.code() == Some(Code::ShuttingDown) => {
-                    self.drop_endpoint(&ep, &e);
+                    self.eject(&ep, &e);
                     if !idempotent {
                         return Err(e);
                     }
@@ -485,27 +479,11 @@ impl Pool {
     }
 }
 
-/// Counts a call as outstanding on an instance until dropped (also when the caller gives up).
-struct Outstanding<'a>(&'a AtomicUsize);
-
-impl<'a> Outstanding<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Relaxed);
-        Outstanding(n)
-    }
-}
-
-impl Drop for Outstanding<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn pool(balance: Balance) -> Pool {
+    fn pool(balance: Balance) -> Arc<Pool> {
         let config = PoolConfig {
             balance,
             quarantine: Duration::from_secs(60),
@@ -585,7 +563,7 @@ mod tests {
         p.apply(resolved(1, 1, false, vec![inst(1, "tcp://h:1", 1), inst(2, "tcp://h:2", 1)]));
         let v = p.view();
         let busy = v.listed.iter().find(|e| e.address == "tcp://h:1").unwrap();
-        busy.outstanding.store(10, Relaxed);
+        busy.outstanding().store(10, Relaxed);
         for _ in 0..100 {
             assert_eq!(p.pick(&v, &Route::Balanced, &[]).unwrap().address, "tcp://h:2");
         }
@@ -597,8 +575,8 @@ mod tests {
         p.apply(resolved(1, 1, false, vec![inst(1, "tcp://h:1", 1), inst(2, "tcp://h:2", 1)]));
         let v = p.view();
         let one = v.listed.iter().find(|e| e.address == "tcp://h:1").unwrap().clone();
-        p.drop_endpoint(&one, &Error::Connection("reset".into()));
-        p.drop_endpoint(&one, &Error::Connection("reset".into()));
+        p.eject(&one, &Error::Connection("reset".into()));
+        p.eject(&one, &Error::Connection("reset".into()));
         assert_eq!(p.stats.instances_dropped.load(Relaxed), 1, "counted once");
         let v = p.view();
         for _ in 0..10 {
@@ -608,7 +586,7 @@ mod tests {
         // Still listed (the registry lists it), so scatter-gather still reaches it.
         assert_eq!(v.listed.len(), 2);
         let two = v.listed.iter().find(|e| e.address == "tcp://h:2").unwrap().clone();
-        p.drop_endpoint(&two, &Error::Connection("reset".into()));
+        p.eject(&two, &Error::Connection("reset".into()));
         assert_eq!(p.view().active.len(), 2, "with every instance left out, all are tried again");
     }
 }

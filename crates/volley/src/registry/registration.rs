@@ -150,39 +150,22 @@ async fn keep_alive(
     lease: LeaseConfig,
     server_shutdown: CancellationToken,
 ) {
-    let (renew_every, retry_every) = (lease.renew_every(), lease.retry_every());
-    let mut wait = renew_every;
+    let mut wait = lease.renew_every();
+    // Whether the last exchange reached the controller: then a lost connection means it went
+    // away, and the keeper renews as soon as one can be made again (a restarted controller
+    // has forgotten the lease: the renewal says so and the instances are registered at once).
+    let mut reached = true;
     loop {
         tokio::select! {
             biased;
             _ = server_shutdown.cancelled() => break,
             _ = shared.stop.cancelled() => break,
+            _ = registry.connection_lost(), if reached => {
+                tracing::debug!("lost the registry connection; renewing as soon as it is back");
+            }
             _ = tokio::time::sleep(wait) => {}
         }
-        let id = shared.lease.load(Relaxed);
-        wait = match registry.renew(id, renew_every).await {
-            Ok(r) if r.known => {
-                shared.renewals.fetch_add(1, Relaxed);
-                renew_every
-            }
-            Ok(_) => match register_once(&registry, &instances, &lease, lease.renew_every()).await {
-                Ok(r) => {
-                    tracing::info!(old = id, new = r.lease, "registry lost the lease; registered again");
-                    shared.lease.store(r.lease, Relaxed);
-                    *shared.instance_ids.lock() = r.instance_ids;
-                    shared.registrations.fetch_add(1, Relaxed);
-                    renew_every
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "registering again failed; will retry");
-                    retry_every
-                }
-            },
-            Err(e) => {
-                tracing::debug!(error = %e, "lease renewal failed; will retry");
-                retry_every
-            }
-        };
+        (wait, reached) = renew_or_register(&registry, &shared, &instances, &lease).await;
     }
     // Deregister at once: clients learn of it through their watches while this server is still
     // answering what it already received.
@@ -192,4 +175,59 @@ async fn keep_alive(
         Err(e) => tracing::debug!(lease = id, error = %e, "deregistering failed; the lease will lapse"),
     }
     shared.done.cancel();
+}
+
+/// One renewal — and a registration, if the controller does not hold the lease whole any
+/// more. Returns how long until the next try, and whether the controller answered.
+async fn renew_or_register(
+    registry: &Registry,
+    shared: &Shared,
+    instances: &[InstanceSpec],
+    lease: &LeaseConfig,
+) -> (Duration, bool) {
+    let (renew_every, retry_every) = (lease.renew_every(), lease.retry_every());
+    // A controller that cannot be reached is tried again when the registry's reconnect pacing
+    // allows (a quarter of a second at most), not a tenth of the lease time later.
+    let retry = |e: &Error| match e {
+        Error::Connection(_) => registry.reconnect_wait().clamp(Duration::from_millis(10), retry_every),
+        _ => retry_every,
+    };
+    let id = shared.lease.load(Relaxed);
+    match registry.renew(id, renew_every).await {
+        Ok(r) if r.known => {
+            shared.renewals.fetch_add(1, Relaxed);
+            (renew_every, true)
+        }
+        Ok(_) => match register_once(registry, instances, lease, renew_every).await {
+            Ok(r) => {
+                tracing::info!(
+                    old = id,
+                    new = r.lease,
+                    "the registry no longer held this server's instances (its lease lapsed, the controller restarted, or another registration took an address); registered again"
+                );
+                shared.lease.store(r.lease, Relaxed);
+                *shared.instance_ids.lock() = r.instance_ids;
+                shared.registrations.fetch_add(1, Relaxed);
+                (renew_every, true)
+            }
+            Err(e) => {
+                log_failure("registering again", &e);
+                (retry(&e), !matches!(e, Error::Connection(_)))
+            }
+        },
+        Err(e) => {
+            log_failure("renewing the lease", &e);
+            (retry(&e), !matches!(e, Error::Connection(_)))
+        }
+    }
+}
+
+/// A refusal that retrying cannot fix (a wrong credential) is worth a warning; an unreachable
+/// controller is not (it is retried, and calls go on).
+fn log_failure(what: &str, e: &Error) {
+    if e.is_permanent() {
+        tracing::warn!(error = %e, "{what} was refused; will retry");
+    } else {
+        tracing::debug!(error = %e, "{what} failed; will retry");
+    }
 }

@@ -466,7 +466,7 @@ impl ServiceClient {
                     client: self.inner.registry.client_config(&self.inner.config.client),
                     keep_last_good: true,
                 };
-                let pool = Arc::new(Pool::new(service.to_string(), config, self.inner.pool_stats.clone()));
+                let pool = Pool::new(service.to_string(), config, self.inner.pool_stats.clone());
                 pool.apply(resolved);
                 tokio::spawn(watch_loop(
                     Arc::downgrade(&pool),

@@ -33,6 +33,19 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// What a renewal found: the lease time, and whether the lease still holds its instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal {
+    /// The lease's time, counted again from now.
+    pub ttl: Duration,
+    /// Whether every instance registered under the lease is still its own. False when a
+    /// registration of the same service and address under another lease replaced one (and may
+    /// since have lapsed with that lease, taking the instance with it): the server must
+    /// register again, or its instance stays missing while it renews a lease that holds
+    /// nothing.
+    pub intact: bool,
+}
+
 /// The instances of one service at one revision, as the store holds them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceState {
@@ -48,16 +61,19 @@ pub struct ServiceState {
 pub trait Store: Send + Sync + 'static {
     /// A new lease that lapses `ttl` from now unless renewed.
     fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<u64, StoreError>>;
-    /// Adds instances under `lease`; returns their ids. An instance with the same service and
-    /// address under another lease is replaced (a server that restarted before its old lease
-    /// lapsed).
+    /// Adds instances under `lease`; returns their ids. There is one instance per (service,
+    /// address): an instance with the same service and address under another lease is replaced
+    /// (a server that restarted before its old lease lapsed), and that lease is no longer
+    /// [`intact`](Renewal::intact). A lease that lapses or is revoked removes only the instances
+    /// it still holds.
     fn register<'a>(
         &'a self,
         lease: u64,
         specs: &'a [InstanceSpec],
     ) -> BoxFuture<'a, Result<Vec<u64>, StoreError>>;
-    /// Extends `lease` by its ttl; returns the ttl.
-    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Duration, StoreError>>;
+    /// Extends `lease` by its ttl; says whether it still holds every instance registered under
+    /// it.
+    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Renewal, StoreError>>;
     /// Removes `lease` and its instances; returns how many instances went.
     fn revoke(&self, lease: u64) -> BoxFuture<'_, Result<usize, StoreError>>;
     /// Removes every lease whose time ran out, with its instances; returns how many instances
@@ -142,6 +158,8 @@ struct Lease {
     deadline: Instant,
     /// (service, instance id) of each instance under the lease.
     instances: Vec<(String, u64)>,
+    /// Another lease's registration replaced one of this lease's instances.
+    lost: bool,
 }
 
 #[derive(Default)]
@@ -260,7 +278,8 @@ impl Store for MemoryStore {
         ready(Ok(self.with(|st| {
             let id = st.next_lease;
             st.next_lease += 1;
-            st.leases.insert(id, Lease { ttl, deadline: Instant::now() + ttl, instances: Vec::new() });
+            let deadline = Instant::now() + ttl;
+            st.leases.insert(id, Lease { ttl, deadline, instances: Vec::new(), lost: false });
             id
         })))
     }
@@ -282,26 +301,37 @@ impl Store for MemoryStore {
             if !st.leases.contains_key(&lease) {
                 return Err(StoreError::UnknownLease(lease));
             }
-            // The same service at the same address under another lease is a server that
-            // restarted before its old lease lapsed: the new registration replaces it.
-            let mut stale: Vec<(String, u64)> = Vec::new();
+            // One instance per (service, address). Under another lease, it is a server that
+            // restarted before its old lease lapsed (or someone claiming its address): the new
+            // registration replaces it, and the old lease learns at its next renewal that it
+            // lost it. Under this lease, it is the same server registering it again.
+            let mut replaced: Vec<(String, u64)> = Vec::new();
+            let mut owners: Vec<u64> = Vec::new();
             for s in specs {
                 if let Some(svc) = st.services.get(&s.service) {
-                    stale.extend(
-                        svc.instances
-                            .values()
-                            .filter(|i| i.address == s.address && i.lease != lease)
-                            .map(|i| (i.service.clone(), i.id)),
-                    );
+                    for i in svc.instances.values().filter(|i| i.address == s.address) {
+                        replaced.push((i.service.clone(), i.id));
+                        owners.push(i.lease);
+                    }
                 }
             }
-            st.remove_instances(&stale);
-            for l in st.leases.values_mut() {
-                l.instances.retain(|x| !stale.contains(x));
+            st.remove_instances(&replaced);
+            for owner in owners {
+                if let Some(l) = st.leases.get_mut(&owner) {
+                    l.instances.retain(|x| !replaced.contains(x));
+                    l.lost |= owner != lease;
+                }
             }
             let rev = st.bump();
-            let mut ids = Vec::with_capacity(specs.len());
-            for s in specs {
+            let mut ids: Vec<u64> = Vec::with_capacity(specs.len());
+            for (k, s) in specs.iter().enumerate() {
+                // A spec repeated in one request is one instance: it keeps the first one's id.
+                if let Some(j) =
+                    specs[..k].iter().position(|p| p.service == s.service && p.address == s.address)
+                {
+                    ids.push(ids[j]);
+                    continue;
+                }
                 let id = st.next_instance;
                 st.next_instance += 1;
                 let instance = Instance {
@@ -322,11 +352,11 @@ impl Store for MemoryStore {
         }))
     }
 
-    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Duration, StoreError>> {
+    fn renew(&self, lease: u64) -> BoxFuture<'_, Result<Renewal, StoreError>> {
         ready(self.with(|st| match st.leases.get_mut(&lease) {
             Some(l) => {
                 l.deadline = Instant::now() + l.ttl;
-                Ok(l.ttl)
+                Ok(Renewal { ttl: l.ttl, intact: !l.lost })
             }
             None => Err(StoreError::UnknownLease(lease)),
         }))
@@ -457,6 +487,46 @@ mod tests {
         // Revoking the old lease removes only what is still under it.
         assert_eq!(s.revoke(old).await.unwrap(), 1);
         assert_eq!(s.resolve("a").await.unwrap().instances.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_that_lost_an_instance_says_so_and_a_lapse_removes_only_what_it_holds() {
+        let s = MemoryStore::new();
+        let ttl = Duration::from_secs(10);
+        let real = s.grant(ttl).await.unwrap();
+        s.register(real, &[spec("a", "tcp://h:1"), spec("b", "tcp://h:1")]).await.unwrap();
+        assert_eq!(s.renew(real).await.unwrap(), Renewal { ttl, intact: true });
+        // Someone registers the same address under a lease it never renews.
+        let stray = s.grant(ttl).await.unwrap();
+        s.register(stray, &[spec("a", "tcp://h:1")]).await.unwrap();
+        assert_eq!(s.renew(real).await.unwrap(), Renewal { ttl, intact: false }, "lost a@h:1");
+        // The server registers again (a new lease), taking its address back.
+        let again = s.grant(ttl).await.unwrap();
+        s.register(again, &[spec("a", "tcp://h:1"), spec("b", "tcp://h:1")]).await.unwrap();
+        assert!(s.renew(again).await.unwrap().intact);
+        // The stray lease lapses: it holds nothing any more, so nothing goes.
+        tokio::time::advance(ttl + Duration::from_millis(1)).await;
+        s.renew(again).await.unwrap();
+        assert_eq!(s.expire().await.unwrap(), 0);
+        for service in ["a", "b"] {
+            let r = s.resolve(service).await.unwrap();
+            let held: Vec<_> = r.instances.iter().map(|i| (i.address.as_str(), i.lease)).collect();
+            assert_eq!(held, [("tcp://h:1", again)], "{service}");
+        }
+    }
+
+    #[tokio::test]
+    async fn one_instance_per_service_and_address_even_from_one_lease() {
+        let s = MemoryStore::new();
+        let lease = s.grant(Duration::from_secs(10)).await.unwrap();
+        let ids = s.register(lease, &[spec("a", "tcp://h:1"), spec("a", "tcp://h:1")]).await.unwrap();
+        assert_eq!(ids[0], ids[1], "a repeated spec is one instance");
+        let again = s.register(lease, &[spec("a", "tcp://h:1").weight(3)]).await.unwrap();
+        let a = s.resolve("a").await.unwrap();
+        assert_eq!(a.instances.len(), 1);
+        assert_eq!((a.instances[0].id, a.instances[0].weight), (again[0], 3));
+        assert!(s.renew(lease).await.unwrap().intact, "replacing its own instance loses nothing");
+        assert_eq!(s.revoke(lease).await.unwrap(), 1);
     }
 
     #[tokio::test]

@@ -35,6 +35,11 @@ pub const WATCH: Method<WatchRequest, Resolved> = Method::new(SERVICE, "watch");
 pub const ALLOC_CLIENT_ID: Method<(), u32> = Method::new(SERVICE, "alloc_client_id");
 /// Gives a client id back (a client that closes). Replies whether the id was allocated.
 pub const RELEASE_CLIENT_ID: Method<u32, bool> = Method::new(SERVICE, "release_client_id");
+/// Holds a client id for the calling connection too: a client that reconnected, or moved from
+/// its first-contact connection to its own, keeps its id while that connection is open.
+pub const CLAIM_CLIENT_ID: Method<u32, ()> = Method::new(SERVICE, "claim_client_id");
+/// What the controller requires of its callers (`volley ls` warns when anyone may register).
+pub const INFO: Method<(), ControllerInfo> = Method::new(SERVICE, "info");
 /// Every service and instance, with lease times (what `volley ls` prints).
 pub const LIST: Method<(), Listing> = Method::new(SERVICE, "list");
 /// Relayed ("normal") mode: the controller forwards the call to an instance and relays the
@@ -155,6 +160,18 @@ pub struct WatchRequest {
     pub client_id: u32,
 }
 
+/// What a controller requires of its callers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerInfo {
+    /// `register`, `renew` and `deregister` need the registration credential. False: anyone who
+    /// can connect may register an instance under any service name.
+    pub registration_credential: bool,
+    /// Connections must present a token (§6.11).
+    pub token: bool,
+    /// The store outlives the controller (etcd).
+    pub durable: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Listing {
     pub epoch: u64,
@@ -187,7 +204,8 @@ crate::wire!(
     Renewed,
     Resolved,
     WatchRequest,
-    Listing
+    Listing,
+    ControllerInfo
 );
 
 /// Which instance a relayed call goes to.

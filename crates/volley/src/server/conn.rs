@@ -134,7 +134,9 @@ async fn serve<R: ReadHalf, W: AsyncWrite + Send + Unpin + 'static>(
     // the connection closes only after their replies are queued.
     let inflight = TaskTracker::new();
     let mut batch = Vec::new();
-    let mut dispatch = Dispatch::new(&peer);
+    // Layers above see the connection close when this function returns (the guard drops).
+    let (peer_scope, _closes_with_serve) = super::Peer::open(&peer);
+    let mut dispatch = Dispatch::new(peer_scope);
     let mut authenticated = shared.config.tokens.is_empty();
     // Keepalive counts reads (no clock read per batch); its timer wakes the loop to decide.
     let mut liveness = shared.config.keepalive.map(|k| Liveness::new(k, Instant::now().into_std()));

@@ -55,13 +55,13 @@ pub(super) struct Dispatch {
     started: Vec<u64>,
     /// The turn's pings, answered after its requests.
     pings: Vec<u64>,
-    /// The peer's address, the [`current_peer`](super::current_peer) of its handlers.
-    peer: Option<Arc<str>>,
+    /// The peer, the [`current_peer`](super::current_peer) of its handlers.
+    peer: Option<Arc<super::Peer>>,
 }
 
 impl Dispatch {
-    pub(super) fn new(peer: &str) -> Self {
-        Dispatch { peer: Some(peer.into()), ..Dispatch::default() }
+    pub(super) fn new(peer: Arc<super::Peer>) -> Self {
+        Dispatch { peer: Some(peer), ..Dispatch::default() }
     }
 
     /// Runs one turn over `batch` (drained) and queues its answers. Requests before a protocol

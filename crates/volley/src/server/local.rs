@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -37,6 +38,10 @@ impl LocalServer for Shared {
 
     fn is_open(&self) -> bool {
         !self.shutdown.is_cancelled()
+    }
+
+    fn closed(&self) -> BoxFuture<'static, ()> {
+        Box::pin(self.shutdown.clone().cancelled_owned())
     }
 }
 

@@ -55,6 +55,8 @@ pub(crate) trait LocalServer: Send + Sync {
     fn enter(&self) -> Option<TaskTrackerToken>;
     /// Whether the server still takes calls.
     fn is_open(&self) -> bool;
+    /// Completes when the server starts shutting down.
+    fn closed(&self) -> BoxFuture<'static, ()>;
 }
 
 static SERVERS: LazyLock<Mutex<HashMap<String, Weak<dyn LocalServer>>>> = LazyLock::new(Default::default);

@@ -1,0 +1,185 @@
+//! The `volley` binary against a registry: a refusal that retrying cannot fix ends a command at
+//! once with one line naming the flag that fixes it; a controller that takes registrations from
+//! anyone says so; output into a closed pipe ends quietly.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn volley() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_volley"));
+    // Settings from the environment would change what is tested.
+    for var in ["VOLLEY_TOKEN", "VOLLEY_REGISTRY_TOKEN", "VOLLEY_REGISTRATION_CREDENTIAL"] {
+        c.env_remove(var);
+    }
+    c
+}
+
+/// Kills the child when dropped, so a failed assertion leaves no process behind.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A controller on a free port with `flags`; returns it, its address and the first line it
+/// wrote to stderr (a warning, if it has one to give).
+fn controller(flags: &[&str]) -> (Child, String, String) {
+    let mut child = Child(
+        volley()
+            .args(["controller", "--listen", "tcp://127.0.0.1:0"])
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut first = String::new();
+    let mut stderr = BufReader::new(child.0.stderr.take().unwrap());
+    stderr.read_line(&mut first).unwrap();
+    let mut line = String::new();
+    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    // Keep reading, so the controller's later logs never meet a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let addr = line.trim().to_string();
+    assert!(addr.starts_with("tcp://127.0.0.1:"), "{addr:?}");
+    (child, addr, first)
+}
+
+/// Runs `volley args` to its end (killed after 30 s); returns whether it succeeded, its stderr
+/// and how long it ran.
+fn run(args: &[&str]) -> (bool, String, Duration) {
+    let t0 = Instant::now();
+    let mut child = Child(volley().args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap());
+    let mut stderr = child.0.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "volley {args:?} still running after 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.success(), reader.join().unwrap(), t0.elapsed())
+}
+
+/// A command refused for good: it failed, soon, with one `volley:` line that names `flag`.
+fn assert_refused(args: &[&str], flag: &str, cause: &str) {
+    let (ok, stderr, took) = run(args);
+    assert!(!ok, "volley {args:?} succeeded: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("volley: ")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {stderr}");
+    assert!(errors[0].contains(flag) && errors[0].contains(cause), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The goal is 2 s (release build, idle machine); a debug build on a loaded one gets room.
+    assert!(took < Duration::from_secs(10), "volley {args:?} took {took:?}");
+    eprintln!("volley {} refused after {took:?}: {}", args[0], errors[0]);
+}
+
+#[test]
+fn serve_echo_with_a_wrong_registration_credential_exits_at_once_naming_the_flag() {
+    let (_c, registry, _) = controller(&["--registration-credential", "right"]);
+    for credential in [None, Some("wrong")] {
+        let mut args = vec!["serve-echo", "--listen", "tcp://127.0.0.1:0", "--registry", &registry];
+        if let Some(c) = credential {
+            args.extend(["--registration-credential", c]);
+        }
+        let cause =
+            if credential.is_some() { "wrong registration credential" } else { "no registration credential" };
+        assert_refused(&args, "--registration-credential", cause);
+    }
+}
+
+#[test]
+fn a_wrong_token_ends_serve_echo_ls_and_bench_at_once_naming_the_flag() {
+    let (_c, registry, _) = controller(&["--token", "right", "--registration-credential", "cred"]);
+    let serve = ["serve-echo", "--listen", "tcp://127.0.0.1:0", "--registry", &registry];
+    assert_refused(&[&serve[..], &["--registry-token", "wrong"]].concat(), "--registry-token", "token");
+    assert_refused(&serve, "--registry-token", "requires a token");
+    assert_refused(&["ls", "--registry", &registry, "--token", "wrong"], "--token", "not accepted");
+    assert_refused(&["ls", "--registry", &registry], "--token", "requires a token");
+    let (ok, stderr, _) = run(&["ls", "--registry", &registry, "--token", "right"]);
+    assert!(ok, "{stderr}");
+    let bench = ["bench", "--registry", &registry, "--duration", "0.2", "--warmup", "0", "--token", "wrong"];
+    assert_refused(&bench, "--token", "not accepted");
+
+    // A server that requires a token, benchmarked by address.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("tcp://127.0.0.1:{port}");
+    let _echo = Child(
+        volley()
+            .args(["serve-echo", "--listen", &addr, "--token", "right"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let bench = ["bench", "--connect", &addr, "--duration", "0.2", "--warmup", "0", "--token", "wrong"];
+    let t0 = Instant::now();
+    loop {
+        // The server may still be starting: a refused connection is not what is tested.
+        let (ok, stderr, _) = run(&bench);
+        assert!(!ok, "{stderr}");
+        if stderr.contains("--token") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{stderr}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_refused(&bench, "--token", "not accepted");
+}
+
+#[test]
+fn the_controller_and_ls_warn_when_anyone_may_register() {
+    let (_open, open_addr, warning) = controller(&[]);
+    assert!(warning.starts_with("warning: no registration credential"), "{warning}");
+    let out = volley().args(["ls", "--registry", &open_addr]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success() && text.contains("warning: no registration credential"), "{text}");
+    let out = volley().args(["ls", "--registry", &open_addr, "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["registration_open"], true, "{v}");
+
+    let (_guarded, guarded_addr, first) = controller(&["--registration-credential", "cred"]);
+    assert!(!first.contains("warning"), "{first}");
+    let out = volley().args(["ls", "--registry", &guarded_addr]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success() && !text.contains("warning"), "{text}");
+    let out = volley().args(["ls", "--registry", &guarded_addr, "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["registration_open"], false, "{v}");
+}
+
+/// `volley ls | head -n 1` with the reader gone before the first line: the write fails with a
+/// broken pipe, and `volley` ends with status 0 and no panic.
+#[test]
+fn ls_into_a_closed_pipe_exits_0_without_a_panic() {
+    let (_c, registry, _) = controller(&[]);
+    for json in [false, true] {
+        let mut args = vec!["ls", "--registry", &registry];
+        if json {
+            args.push("--json");
+        }
+        let mut child = volley().args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+        assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    }
+    // And through a shell pipeline, as an operator types it.
+    let cmd =
+        format!("set -o pipefail; {} ls --registry {registry} | head -n 1", env!("CARGO_BIN_EXE_volley"));
+    let out = Command::new("bash").args(["-c", &cmd]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("panicked"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("registry "));
+}

@@ -1,0 +1,121 @@
+//! One instance of a service as a caller sees it: its address and registry entry, the
+//! connection to it (made on first use, made again when it died), and its calls outstanding.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+
+use super::pool::PoolStats;
+use super::wire::Instance;
+use crate::client::{Client, ClientConfig};
+use crate::error::Error;
+use crate::stats::Snapshot;
+
+/// One instance and the connection to it (made on first use).
+pub(crate) struct Endpoint {
+    pub address: String,
+    /// Updated in place when the registry changes the instance's weight or metadata, so the
+    /// connection survives.
+    info: ArcSwap<Instance>,
+    client: ArcSwapOption<Client>,
+    connecting: tokio::sync::Mutex<()>,
+    outstanding: AtomicUsize,
+    stats: Arc<PoolStats>,
+}
+
+impl Endpoint {
+    pub fn new(instance: Instance, stats: Arc<PoolStats>) -> Endpoint {
+        Endpoint {
+            address: instance.address.clone(),
+            info: ArcSwap::from_pointee(instance),
+            client: ArcSwapOption::empty(),
+            connecting: tokio::sync::Mutex::new(()),
+            outstanding: AtomicUsize::new(0),
+            stats,
+        }
+    }
+
+    pub fn instance(&self) -> Instance {
+        (**self.info.load()).clone()
+    }
+
+    /// Takes the registry's new entry for this address (weight, metadata), keeping the
+    /// connection.
+    pub fn update(&self, instance: Instance) {
+        if **self.info.load() != instance {
+            self.info.store(Arc::new(instance));
+        }
+    }
+
+    /// Calls outstanding on this instance (kept by least-outstanding balancing only).
+    pub fn outstanding(&self) -> &AtomicUsize {
+        &self.outstanding
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.info.load().weight.max(1)
+    }
+
+    /// The connection, made now if there is none or it died. Connecting here, before the
+    /// request is handed over, means a failure to connect is known to have sent nothing.
+    pub async fn connect(&self, config: &ClientConfig) -> Result<Client, Error> {
+        if let Some(c) = self.client.load().as_deref().filter(|c| c.is_connected()) {
+            return Ok(c.clone());
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(c) = self.client.load().as_deref().filter(|c| c.is_connected()) {
+            return Ok(c.clone());
+        }
+        let c = Client::connect_with(&self.address, config.clone()).await?;
+        if let Some(old) = self.client.swap(Some(Arc::new(c.clone()))) {
+            self.stats.retire(old.counters());
+        }
+        Ok(c)
+    }
+
+    pub fn counters(&self) -> Snapshot {
+        self.client.load().as_deref().map(Client::counters).unwrap_or_default()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.load().as_deref() {
+            self.stats.retire(c.counters());
+        }
+    }
+}
+
+/// Power of two choices: of two instances picked at random, the one with fewer calls
+/// outstanding per unit of weight.
+pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    match candidates.len() {
+        0 => None,
+        1 => Some(candidates[0].clone()),
+        n => {
+            let a = fastrand::usize(..n);
+            let b = (a + 1 + fastrand::usize(..n - 1)) % n;
+            let (ea, eb) = (&candidates[a], &candidates[b]);
+            let la = ea.outstanding.load(Relaxed) as u64 * eb.weight() as u64;
+            let lb = eb.outstanding.load(Relaxed) as u64 * ea.weight() as u64;
+            Some(if lb < la { eb.clone() } else { ea.clone() })
+        }
+    }
+}
+
+/// Counts a call as outstanding on an instance until dropped (also when the caller gives up).
+pub(crate) struct Outstanding<'a>(&'a AtomicUsize);
+
+impl<'a> Outstanding<'a> {
+    pub fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Relaxed);
+        Outstanding(n)
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
