@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use tokio::net::{TcpStream, UnixStream};
 use tokio::runtime::Handle;
 
 use crate::codec::Wire;
@@ -33,6 +32,7 @@ use crate::proto::message::FLAG_IDEMPOTENT;
 use crate::stats::{Counters, Snapshot};
 use crate::transport::Address;
 use crate::transport::inproc::{self, LocalServer};
+use crate::transport::socket;
 use conn::StreamConn;
 
 /// Client settings.
@@ -320,37 +320,16 @@ impl Inner {
             )));
         }
         let connect = async {
-            match &self.addr {
-                Address::Inproc(name) => inproc::lookup(name).map(Conn::Local).ok_or_else(|| {
+            if let Address::Inproc(name) = &self.addr {
+                return inproc::lookup(name).map(Conn::Local).ok_or_else(|| {
                     Error::Connection(format!("no inproc server is listening on {}", self.addr))
-                }),
-                Address::Tcp(a) => {
-                    let s = TcpStream::connect(a.as_str())
-                        .await
-                        .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
-                    let _ = s.set_nodelay(true);
-                    Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
-                }
-                #[cfg(feature = "tls")]
-                Address::Tls(a) => {
-                    let tls = self.config.tls.as_ref().ok_or_else(|| {
-                        Error::Usage(format!("connect to {}: no TLS settings (ClientConfig::tls)", self.addr))
-                    })?;
-                    let s = tls.connect(a).await?;
-                    Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
-                }
-                #[cfg(not(feature = "tls"))]
-                Address::Tls(_) => Err(Error::InvalidAddress {
-                    addr: self.addr.to_string(),
-                    reason: "tls:// needs volley's `tls` feature".into(),
-                }),
-                Address::Unix(p) => {
-                    let s = UnixStream::connect(p)
-                        .await
-                        .map_err(|e| Error::io(&format!("connect to {}", self.addr), e))?;
-                    Ok(Conn::Stream(StreamConn::start(s, self.conn_options(), self.counters.clone())))
-                }
+                });
             }
+            #[cfg(feature = "tls")]
+            let stream = socket::connect(&self.addr, self.config.tls.as_ref()).await?;
+            #[cfg(not(feature = "tls"))]
+            let stream = socket::connect(&self.addr).await?;
+            Ok(Conn::Stream(StreamConn::start(stream, self.conn_options(), self.counters.clone())))
         };
         tokio::time::timeout(self.config.connect_timeout, connect)
             .await

@@ -15,8 +15,9 @@ use crate::liveness::{Action, Liveness};
 use crate::proto::{Code, Message, PREAMBLE, ProtocolError};
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
-use crate::transport::stream::{ByteStream, Handshake, ReadHalf};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use crate::transport::socket::{Accepted, StreamRead, StreamWrite};
+use crate::transport::stream::ByteStream;
+use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 enum End {
@@ -34,15 +35,11 @@ enum End {
 
 /// Opens an accepted connection (handshake, preambles) under the opening bound, then serves
 /// it if there is room among the served connections, or refuses it with a go-away.
-pub(super) async fn accept<S, H>(shared: Arc<Shared>, stream: S, handshake: H, ticket: OpeningTicket)
-where
-    S: ByteStream,
-    H: Handshake<S>,
-{
-    let peer = stream.peer();
+pub(super) async fn accept(shared: Arc<Shared>, accepted: Accepted, ticket: OpeningTicket) {
+    let peer = accepted.peer();
     let timeout = shared.config.handshake_timeout;
     let opened = tokio::select! {
-        r = open(&shared, stream, &handshake) => r,
+        r = open(&shared, accepted) => r,
         _ = ticket.evicted.cancelled() => {
             tracing::debug!(%peer, "closing an opening connection to make room for a newer one");
             return;
@@ -75,33 +72,24 @@ where
 }
 
 /// A connection past its handshake and preambles.
-struct Opened<R, W> {
-    reader: FrameReader<R>,
-    wr: W,
+struct Opened {
+    reader: FrameReader<StreamRead>,
+    wr: StreamWrite,
     peer: String,
 }
 
-enum OpenError<R, W> {
+enum OpenError {
     /// The peer's preamble is not Volley's (or not this version's): it gets a go-away.
-    BadPreamble(Box<Opened<R, W>>, ProtocolError),
+    BadPreamble(Box<Opened>, ProtocolError),
     /// A failed handshake, or the peer left: nothing to tell it.
     Failed(String),
 }
 
-type OpenResult<S> = Result<
-    Opened<<S as ByteStream>::Read, <S as ByteStream>::Write>,
-    OpenError<<S as ByteStream>::Read, <S as ByteStream>::Write>,
->;
-
 /// Runs the handshake, sends our preamble (at once, as the protocol says) and waits for the
 /// client's.
-async fn open<S: ByteStream, H: Handshake<S>>(
-    shared: &Shared,
-    stream: S,
-    handshake: &H,
-) -> OpenResult<H::Stream> {
+async fn open(shared: &Shared, accepted: Accepted) -> Result<Opened, OpenError> {
     let failed = |e: &dyn std::fmt::Display| OpenError::Failed(e.to_string());
-    let stream = handshake.run(stream).await.map_err(|e| failed(&format!("handshake: {e}")))?;
+    let stream = accepted.handshake().await.map_err(|e| failed(&format!("handshake: {e}")))?;
     let peer = stream.peer();
     let (rd, mut wr) = stream.into_halves();
     // Flushed: a TLS session may hold the bytes back, and a client may wait for them.
@@ -118,10 +106,10 @@ async fn open<S: ByteStream, H: Handshake<S>>(
 
 /// Serves an opened connection until the peer leaves, breaks the protocol, or the server shuts
 /// down. `_served` holds its place among the served connections.
-async fn serve<R: ReadHalf, W: AsyncWrite + Send + Unpin + 'static>(
+async fn serve(
     shared: Arc<Shared>,
-    mut reader: FrameReader<R>,
-    wr: W,
+    mut reader: FrameReader<StreamRead>,
+    wr: StreamWrite,
     peer: String,
     _served: Served,
 ) {
@@ -261,10 +249,10 @@ fn check_auth(tokens: &[Vec<u8>], batch: &[Message]) -> Result<(), &'static str>
 
 /// Sends a go-away and closes: for a connection that is refused or broke the protocol before
 /// being served.
-async fn go_away_and_close<R: ReadHalf, W: AsyncWrite + Unpin>(
+async fn go_away_and_close(
     shared: &Shared,
-    mut reader: FrameReader<R>,
-    wr: W,
+    mut reader: FrameReader<StreamRead>,
+    wr: StreamWrite,
     code: Code,
     why: &str,
 ) {

@@ -26,7 +26,6 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::net::{TcpListener, UnixListener};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -39,7 +38,7 @@ use crate::proto::Limits;
 use crate::stats::{Counters, Snapshot};
 use crate::transport::Address;
 use crate::transport::inproc::{self, AnyMethod, LocalServer};
-use crate::transport::stream::{Handshake, Listener, Plain};
+use crate::transport::socket;
 use admission::Admission;
 use handler::TypedHandler;
 use router::{Route, Router};
@@ -332,49 +331,16 @@ impl Server {
             return Err(Error::Closed);
         }
         let _ = self.shared.runtime.set(Handle::current());
-        let bound = match &addr {
-            Address::Inproc(name) => {
-                inproc::bind(name, self.local())?;
-                addr.clone()
-            }
-            Address::Tcp(a) => {
-                let l = TcpListener::bind(a.as_str())
-                    .await
-                    .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
-                let local = l.local_addr().map_err(|e| Error::io("local address", e))?;
-                let shared = self.shared.clone();
-                self.shared.spawn(accept_loop(shared, l, Plain));
-                Address::Tcp(local.to_string())
-            }
+        let bound = if let Address::Inproc(name) = &addr {
+            inproc::bind(name, self.local())?;
+            addr.clone()
+        } else {
             #[cfg(feature = "tls")]
-            Address::Tls(a) => {
-                let tls = self.shared.config.tls.clone().ok_or_else(|| {
-                    Error::Usage(format!(
-                        "listen on {addr}: the server has no TLS certificate (ServerBuilder::tls)"
-                    ))
-                })?;
-                let l = TcpListener::bind(a.as_str())
-                    .await
-                    .map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
-                let local = l.local_addr().map_err(|e| Error::io("local address", e))?;
-                let shared = self.shared.clone();
-                self.shared.spawn(accept_loop(shared, l, tls));
-                Address::Tls(local.to_string())
-            }
+            let (listener, bound) = socket::bind(&addr, self.shared.config.tls.as_ref()).await?;
             #[cfg(not(feature = "tls"))]
-            Address::Tls(_) => {
-                return Err(Error::InvalidAddress {
-                    addr: addr.to_string(),
-                    reason: "tls:// needs volley's `tls` feature".into(),
-                });
-            }
-            Address::Unix(path) => {
-                remove_stale_socket(path).await;
-                let l = UnixListener::bind(path).map_err(|e| Error::io(&format!("listen on {addr}"), e))?;
-                let shared = self.shared.clone();
-                self.shared.spawn(accept_loop(shared, l, Plain));
-                addr.clone()
-            }
+            let (listener, bound) = socket::bind(&addr).await?;
+            self.shared.spawn(accept_loop(self.shared.clone(), listener));
+            bound
         };
         tracing::info!(address = %bound, "listening");
         self.shared.bound.lock().push(bound.clone());
@@ -388,10 +354,7 @@ impl Server {
         for addr in self.shared.bound.lock().drain(..) {
             match addr {
                 Address::Inproc(name) => inproc::unbind(&name, &self.local()),
-                Address::Unix(path) => {
-                    let _ = std::fs::remove_file(path);
-                }
-                Address::Tcp(_) | Address::Tls(_) => {}
+                other => socket::unbind(&other),
             }
         }
         for route in self.shared.router.routes() {
@@ -531,15 +494,15 @@ const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// Accepts connections and runs each in a task of its own: its handshake (none, or TLS) and
 /// preamble under the opening bound, then serving it.
-async fn accept_loop<L: Listener, H: Handshake<L::Stream>>(shared: Arc<Shared>, listener: L, handshake: H) {
+async fn accept_loop(shared: Arc<Shared>, listener: socket::Listener) {
     loop {
         tokio::select! {
             biased;
             _ = shared.shutdown.cancelled() => break,
             r = listener.accept() => match r {
-                Ok(stream) => {
+                Ok(accepted) => {
                     let ticket = shared.admission.opening(shared.config.max_handshakes);
-                    shared.spawn(conn::accept(shared.clone(), stream, handshake.clone(), ticket));
+                    shared.spawn(conn::accept(shared.clone(), accepted, ticket));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: say so, back off, keep serving.
@@ -553,11 +516,3 @@ async fn accept_loop<L: Listener, H: Handshake<L::Stream>>(shared: Arc<Shared>, 
 
 /// Most requests handed to a handler at once, unless the server says otherwise.
 pub(crate) const DEFAULT_MAX_BATCH: usize = 1000;
-
-/// A socket file left by a process that died is removed; a live one is left alone (bind then
-/// fails with "address in use", as it should).
-async fn remove_stale_socket(path: &std::path::Path) {
-    if path.exists() && tokio::net::UnixStream::connect(path).await.is_err() {
-        let _ = std::fs::remove_file(path);
-    }
-}

@@ -13,6 +13,7 @@
 pub mod inproc;
 pub mod outbox;
 pub mod reader;
+pub mod socket;
 pub mod stream;
 #[cfg(feature = "tls")]
 pub mod tls;

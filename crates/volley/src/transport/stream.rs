@@ -1,4 +1,6 @@
-//! Unix and tcp sockets behind one trait, so connections are written once.
+//! What a connection needs of a byte stream: a read half read by readiness and a write half,
+//! implemented for unix and tcp sockets (TLS in `tls.rs`; all of them together in
+//! `socket.rs`).
 
 use std::future::Future;
 use std::io;
@@ -59,46 +61,5 @@ impl ByteStream for UnixStream {
     }
     fn peer(&self) -> String {
         "unix peer".into()
-    }
-}
-
-/// What turns an accepted socket into the byte stream the protocol runs over: nothing for unix
-/// and tcp, a TLS handshake for `tls://`. The server bounds how long it may take.
-pub trait Handshake<S>: Clone + Send + Sync + 'static {
-    type Stream: ByteStream;
-    fn run(&self, accepted: S) -> impl Future<Output = io::Result<Self::Stream>> + Send;
-}
-
-/// No handshake: the accepted socket is the stream.
-#[derive(Debug, Clone, Copy)]
-pub struct Plain;
-
-impl<S: ByteStream + Send> Handshake<S> for Plain {
-    type Stream = S;
-    async fn run(&self, accepted: S) -> io::Result<S> {
-        Ok(accepted)
-    }
-}
-
-/// A listening socket that yields byte streams.
-pub trait Listener: Send + Sync + 'static {
-    type Stream: ByteStream;
-    fn accept(&self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
-}
-
-impl Listener for tokio::net::TcpListener {
-    type Stream = TcpStream;
-    async fn accept(&self) -> io::Result<TcpStream> {
-        let (s, _) = tokio::net::TcpListener::accept(self).await?;
-        // Requests are bundled by the outbox already; Nagle would only add latency.
-        s.set_nodelay(true)?;
-        Ok(s)
-    }
-}
-
-impl Listener for tokio::net::UnixListener {
-    type Stream = UnixStream;
-    async fn accept(&self) -> io::Result<UnixStream> {
-        tokio::net::UnixListener::accept(self).await.map(|(s, _)| s)
     }
 }

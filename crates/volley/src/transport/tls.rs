@@ -24,7 +24,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use super::stream::{ByteStream, Handshake, ReadHalf};
+use super::stream::{ByteStream, ReadHalf};
 use crate::Error;
 
 /// How much plaintext one staged read takes (a TLS record holds at most 16 KiB).
@@ -194,10 +194,9 @@ impl TlsClient {
     }
 }
 
-/// The server side of the handshake, on an accepted tcp connection.
-impl Handshake<TcpStream> for TlsServer {
-    type Stream = TlsStream;
-    async fn run(&self, tcp: TcpStream) -> io::Result<TlsStream> {
+impl TlsServer {
+    /// Runs the server side of the handshake on an accepted tcp connection.
+    pub(crate) async fn accept(&self, tcp: TcpStream) -> io::Result<TlsStream> {
         let peer = format!("tls://{}", tcp.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into()));
         let stream = self.acceptor.accept(tcp).await?;
         Ok(TlsStream { inner: tokio_rustls::TlsStream::Server(stream), peer })

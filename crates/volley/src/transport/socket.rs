@@ -1,0 +1,256 @@
+//! Byte streams of every kind behind one type: what a client connects, what a server's listener
+//! accepts. The client and the server never match on the kind of transport; only
+//! [`connect`] and [`bind`] do (and, inside, one small `match` per operation of the stream).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use tokio::io::AsyncWrite;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use super::Address;
+use super::stream::{ByteStream, ReadHalf};
+use crate::Error;
+
+/// A connected byte stream: unix, tcp, or TLS over tcp. (A TLS session is large, but a stream
+/// is split into its halves at once, so the enum is not worth boxing.)
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(super::tls::TlsStream),
+}
+
+/// The read half of a [`Stream`].
+pub(crate) enum StreamRead {
+    Unix(tokio::net::unix::OwnedReadHalf),
+    Tcp(tokio::net::tcp::OwnedReadHalf),
+    #[cfg(feature = "tls")]
+    Tls(super::tls::TlsReadHalf),
+}
+
+/// The write half of a [`Stream`].
+pub(crate) enum StreamWrite {
+    Unix(tokio::net::unix::OwnedWriteHalf),
+    Tcp(tokio::net::tcp::OwnedWriteHalf),
+    #[cfg(feature = "tls")]
+    Tls(<super::tls::TlsStream as ByteStream>::Write),
+}
+
+/// Calls the same method on whichever half an enum holds.
+macro_rules! each {
+    ($value:expr, $half:ident => $body:expr) => {
+        match $value {
+            Self::Unix($half) => $body,
+            Self::Tcp($half) => $body,
+            #[cfg(feature = "tls")]
+            Self::Tls($half) => $body,
+        }
+    };
+}
+
+impl ByteStream for Stream {
+    type Read = StreamRead;
+    type Write = StreamWrite;
+
+    fn into_halves(self) -> (StreamRead, StreamWrite) {
+        match self {
+            Stream::Unix(s) => {
+                let (r, w) = s.into_halves();
+                (StreamRead::Unix(r), StreamWrite::Unix(w))
+            }
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_halves();
+                (StreamRead::Tcp(r), StreamWrite::Tcp(w))
+            }
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => {
+                let (r, w) = s.into_halves();
+                (StreamRead::Tls(r), StreamWrite::Tls(w))
+            }
+        }
+    }
+
+    fn peer(&self) -> String {
+        each!(self, s => s.peer())
+    }
+}
+
+impl ReadHalf for StreamRead {
+    async fn readable(&self) -> io::Result<()> {
+        each!(self, r => r.readable().await)
+    }
+
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        each!(self, r => r.try_read_buf(buf))
+    }
+}
+
+impl AsyncWrite for StreamWrite {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        each!(self.get_mut(), w => Pin::new(w).poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        each!(self.get_mut(), w => Pin::new(w).poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        each!(self, w => w.is_write_vectored())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self.get_mut(), w => Pin::new(w).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        each!(self.get_mut(), w => Pin::new(w).poll_shutdown(cx))
+    }
+}
+
+/// Connects to a socket address (not `inproc://`, which [`super::inproc::lookup`] finds).
+#[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+pub(crate) async fn connect(
+    addr: &Address,
+    #[cfg(feature = "tls")] tls: Option<&super::tls::TlsClient>,
+) -> Result<Stream, Error> {
+    let fail = |e| Error::io(&format!("connect to {addr}"), e);
+    match addr {
+        Address::Tcp(a) => {
+            let s = TcpStream::connect(a.as_str()).await.map_err(fail)?;
+            // Requests are bundled by the outbox already; Nagle would only add latency.
+            let _ = s.set_nodelay(true);
+            Ok(Stream::Tcp(s))
+        }
+        Address::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p).await.map_err(fail)?)),
+        #[cfg(feature = "tls")]
+        Address::Tls(a) => {
+            let tls = tls.ok_or_else(|| {
+                Error::Usage(format!("connect to {addr}: no TLS settings (ClientConfig::tls)"))
+            })?;
+            Ok(Stream::Tls(tls.connect(a).await?))
+        }
+        #[cfg(not(feature = "tls"))]
+        Address::Tls(_) => Err(no_tls(addr)),
+        Address::Inproc(_) => unreachable!("inproc addresses are looked up, not connected"),
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn no_tls(addr: &Address) -> Error {
+    Error::InvalidAddress { addr: addr.to_string(), reason: "tls:// needs volley's `tls` feature".into() }
+}
+
+/// A listening socket.
+pub(crate) enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+    #[cfg(feature = "tls")]
+    Tls(TcpListener, super::tls::TlsServer),
+}
+
+/// A socket just accepted, before its handshake.
+pub(crate) enum Accepted {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+    #[cfg(feature = "tls")]
+    Tls(TcpStream, super::tls::TlsServer),
+}
+
+/// Binds a socket address (not `inproc://`); returns the listener and the address it is bound
+/// to (with the real port for `tcp://HOST:0`). `tls` is the server's certificate, which a
+/// `tls://` address needs.
+#[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+pub(crate) async fn bind(
+    addr: &Address,
+    #[cfg(feature = "tls")] tls: Option<&super::tls::TlsServer>,
+) -> Result<(Listener, Address), Error> {
+    let fail = |e| Error::io(&format!("listen on {addr}"), e);
+    let local =
+        |l: &TcpListener| l.local_addr().map(|a| a.to_string()).map_err(|e| Error::io("local address", e));
+    match addr {
+        Address::Tcp(a) => {
+            let l = TcpListener::bind(a.as_str()).await.map_err(fail)?;
+            let bound = Address::Tcp(local(&l)?);
+            Ok((Listener::Tcp(l), bound))
+        }
+        Address::Unix(path) => {
+            remove_stale_socket(path).await;
+            Ok((Listener::Unix(UnixListener::bind(path).map_err(fail)?), addr.clone()))
+        }
+        #[cfg(feature = "tls")]
+        Address::Tls(a) => {
+            let tls = tls.cloned().ok_or_else(|| {
+                Error::Usage(format!(
+                    "listen on {addr}: the server has no TLS certificate (ServerBuilder::tls)"
+                ))
+            })?;
+            let l = TcpListener::bind(a.as_str()).await.map_err(fail)?;
+            let bound = Address::Tls(local(&l)?);
+            Ok((Listener::Tls(l, tls), bound))
+        }
+        #[cfg(not(feature = "tls"))]
+        Address::Tls(_) => Err(no_tls(addr)),
+        Address::Inproc(_) => unreachable!("inproc addresses are bound in the inproc table"),
+    }
+}
+
+impl Listener {
+    pub(crate) async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Listener::Unix(l) => Ok(Accepted::Unix(l.accept().await?.0)),
+            Listener::Tcp(l) => Ok(Accepted::Tcp(nodelay(l.accept().await?.0)?)),
+            #[cfg(feature = "tls")]
+            Listener::Tls(l, tls) => Ok(Accepted::Tls(nodelay(l.accept().await?.0)?, tls.clone())),
+        }
+    }
+}
+
+fn nodelay(s: TcpStream) -> io::Result<TcpStream> {
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+impl Accepted {
+    /// The peer's address, for logs.
+    pub(crate) fn peer(&self) -> String {
+        match self {
+            Accepted::Unix(s) => s.peer(),
+            Accepted::Tcp(s) => s.peer(),
+            #[cfg(feature = "tls")]
+            Accepted::Tls(s, _) => s.peer().replacen("tcp://", "tls://", 1),
+        }
+    }
+
+    /// Runs the handshake (TLS; nothing for the others) and returns the stream.
+    pub(crate) async fn handshake(self) -> io::Result<Stream> {
+        match self {
+            Accepted::Unix(s) => Ok(Stream::Unix(s)),
+            Accepted::Tcp(s) => Ok(Stream::Tcp(s)),
+            #[cfg(feature = "tls")]
+            Accepted::Tls(s, tls) => Ok(Stream::Tls(tls.accept(s).await?)),
+        }
+    }
+}
+
+/// Cleans up after a listener on `addr` is gone: removes a unix socket's file.
+pub(crate) fn unbind(addr: &Address) {
+    if let Address::Unix(path) = addr {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// A socket file left by a process that died is removed; a live one is left alone (bind then
+/// fails with "address in use", as it should).
+async fn remove_stale_socket(path: &std::path::Path) {
+    if path.exists() && UnixStream::connect(path).await.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+}
