@@ -524,8 +524,14 @@ async fn max_batch_bounds_a_batch_that_arrives_in_one_frame() {
 
     let mut fb = FrameBuilder::new(Limits::default());
     for i in 0..50u64 {
-        fb.request_bytes(i, 0, BATCH.service(), BATCH.name(), Bytes::copy_from_slice(&i.to_le_bytes()))
-            .unwrap();
+        fb.request_bytes(
+            i,
+            0,
+            &volley::proto::Extensions::NONE,
+            (BATCH.service(), BATCH.name()),
+            Bytes::copy_from_slice(&i.to_le_bytes()),
+        )
+        .unwrap();
     }
     let mut segs = Vec::new();
     fb.take_into(&mut segs);

@@ -67,7 +67,7 @@ fn connect_and_call(addr: &str, id: u64) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
     let mut fb = FrameBuilder::new(Limits::default());
-    fb.request(id, 0, "echo", "echo", |b| {
+    fb.request(id, 0, &volley::proto::Extensions::NONE, ("echo", "echo"), |b| {
         b.put_slice(&[id as u8; 64]);
         Ok::<(), std::convert::Infallible>(())
     })

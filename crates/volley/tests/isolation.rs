@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use volley::bytes::{Bytes, BytesMut};
-use volley::proto::{Code, Decoder, Limits, Message, PREAMBLE, decode_frame};
+use volley::proto::{Code, Decoder, Limits, Message, PREAMBLE, SERVER_PREAMBLE, decode_frame};
 use volley::{Client, Keepalive, Method, Server, ServerBuilder};
 
 const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
@@ -306,7 +306,7 @@ fn a_connection_that_does_not_open_in_time_is_closed() {
     let mut got = Vec::new();
     let read = s.read_to_end(&mut got);
     assert!(read.is_ok(), "the server did not close the connection: {read:?}");
-    assert_eq!(got, PREAMBLE, "only the server's preamble, no go-away");
+    assert_eq!(got, SERVER_PREAMBLE, "only the server's preamble, no go-away");
     wait_for(Duration::from_secs(10), "the opening place to be given back", || {
         served.server.connections().opening == 0
     });

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use volley::proto::{Code, Decoder, Kind, Limits, Message, PREAMBLE, decode_frame};
+use volley::proto::{Code, Decoder, Kind, Limits, Message, PREAMBLE, SERVER_PREAMBLE, decode_frame};
 use volley::{Client, Error, Method, Server};
 
 const ADD_ONE: Method<u32, u32> = Method::new("math", "add_one");
@@ -48,7 +48,7 @@ async fn provoke(addr: &str, bytes: &[u8]) -> Vec<Message> {
         .await
         .expect("server did not close the connection");
 
-    assert!(received.starts_with(&PREAMBLE), "server's preamble first, got {received:02x?}");
+    assert!(received.starts_with(&SERVER_PREAMBLE), "server's preamble first, got {received:02x?}");
     let limits = Limits::default();
     let mut dec = Decoder::new(limits);
     let mut buf = BytesMut::from(&received[..]);
@@ -180,7 +180,14 @@ async fn client_that_sends_a_reply_is_thrown_out() {
 async fn well_formed_raw_requests_get_replies() {
     let (server, addr) = start().await;
     let mut fb = volley::proto::FrameBuilder::new(Limits::default());
-    fb.request_bytes(77, 0, "math", "add_one", Bytes::copy_from_slice(&41u32.to_le_bytes())).unwrap();
+    fb.request_bytes(
+        77,
+        0,
+        &volley::proto::Extensions::NONE,
+        ("math", "add_one"),
+        Bytes::copy_from_slice(&41u32.to_le_bytes()),
+    )
+    .unwrap();
     fb.ping(5);
     let mut segs = Vec::new();
     fb.take_into(&mut segs);
@@ -228,7 +235,14 @@ async fn requests_before_a_violation_are_answered() {
     let (server, addr) = start().await;
     let request = |id: u64, x: u32| {
         let mut fb = volley::proto::FrameBuilder::new(Limits::default());
-        fb.request_bytes(id, 0, "math", "add_one", Bytes::copy_from_slice(&x.to_le_bytes())).unwrap();
+        fb.request_bytes(
+            id,
+            0,
+            &volley::proto::Extensions::NONE,
+            ("math", "add_one"),
+            Bytes::copy_from_slice(&x.to_le_bytes()),
+        )
+        .unwrap();
         let mut segs = Vec::new();
         fb.take_into(&mut segs);
         segs.concat()
@@ -245,9 +259,23 @@ async fn requests_before_a_violation_are_answered() {
 
     // In one frame: a request, then a reply (which clients may not send), then a request.
     let mut fb = volley::proto::FrameBuilder::new(Limits::default());
-    fb.request_bytes(2, 0, "math", "add_one", Bytes::copy_from_slice(&1u32.to_le_bytes())).unwrap();
+    fb.request_bytes(
+        2,
+        0,
+        &volley::proto::Extensions::NONE,
+        ("math", "add_one"),
+        Bytes::copy_from_slice(&1u32.to_le_bytes()),
+    )
+    .unwrap();
     fb.reply_bytes(9, Bytes::new()).unwrap();
-    fb.request_bytes(3, 0, "math", "add_one", Bytes::copy_from_slice(&2u32.to_le_bytes())).unwrap();
+    fb.request_bytes(
+        3,
+        0,
+        &volley::proto::Extensions::NONE,
+        ("math", "add_one"),
+        Bytes::copy_from_slice(&2u32.to_le_bytes()),
+    )
+    .unwrap();
     let mut segs = Vec::new();
     fb.take_into(&mut segs);
     assert_eq!(fb.counts(), (1, 3));

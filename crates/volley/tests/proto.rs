@@ -6,8 +6,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use proptest::prelude::*;
 use volley::proto::encode::BuildError;
 use volley::proto::{
-    Code, Decoder, FrameBuilder, ItemResult, Kind, Limits, Message, PREAMBLE, PREAMBLE_LEN, ProtocolError,
-    decode_frame,
+    Code, Decoder, Extensions, FrameBuilder, ItemResult, Kind, Limits, Message, PREAMBLE, PREAMBLE_LEN,
+    ProtocolError, TraceParent, decode_frame,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -19,11 +19,11 @@ use volley::proto::{
 fn push(fb: &mut FrameBuilder, m: &Message, via_bytes: bool) {
     let s = |b: &Bytes| std::str::from_utf8(b).unwrap().to_string();
     match m {
-        Message::Request { id, flags, service, method, payload } => {
+        Message::Request { id, flags, service, method, ext, payload } => {
             if via_bytes {
-                fb.request_bytes(*id, *flags, &s(service), &s(method), payload.clone()).unwrap();
+                fb.request_bytes(*id, *flags, ext, (&s(service), &s(method)), payload.clone()).unwrap();
             } else {
-                fb.request::<()>(*id, *flags, &s(service), &s(method), |b| {
+                fb.request::<()>(*id, *flags, ext, (&s(service), &s(method)), |b| {
                     b.put_slice(payload);
                     Ok(())
                 })
@@ -47,9 +47,9 @@ fn push(fb: &mut FrameBuilder, m: &Message, via_bytes: bool) {
         Message::Pong { token } => fb.pong(*token),
         Message::GoAway { code, message } => fb.go_away(*code, &s(message)),
         Message::Auth { token } => fb.auth(token),
-        Message::BatchRequest { id, flags, service, method, items } => {
+        Message::BatchRequest { id, flags, service, method, ext, items } => {
             let payloads: Vec<Bytes> = items.requests().collect();
-            fb.batch_request::<_, ()>(*id, *flags, &s(service), &s(method), &payloads, |p, b| {
+            fb.batch_request::<_, ()>(*id, *flags, ext, (&s(service), &s(method)), &payloads, |p, b| {
                 b.put_slice(p);
                 Ok(())
             })
@@ -95,14 +95,15 @@ fn batch_request_strategy() -> impl Strategy<Value = Message> {
         name_strategy(),
         name_strategy(),
         prop::collection::vec(payload_strategy(300), 0..8),
+        ext_strategy(),
     )
-        .prop_map(|(id, flags, service, method, payloads)| {
+        .prop_map(|(id, flags, service, method, payloads, ext)| {
             built(|fb| {
                 let (service, method) = (
                     String::from_utf8(service.to_vec()).unwrap(),
                     String::from_utf8(method.to_vec()).unwrap(),
                 );
-                fb.batch_request::<_, ()>(id, flags, &service, &method, &payloads, |p, b| {
+                fb.batch_request::<_, ()>(id, flags, &ext, (&service, &method), &payloads, |p, b| {
                     b.put_slice(p);
                     Ok(())
                 })
@@ -201,6 +202,16 @@ fn payload_strategy(max: usize) -> impl Strategy<Value = Bytes> {
     prop::collection::vec(any::<u8>(), 0..max).prop_map(Bytes::from)
 }
 
+/// Request extensions: none, a deadline, a trace context, or both.
+fn ext_strategy() -> impl Strategy<Value = Extensions> {
+    let trace =
+        (any::<[u8; 16]>(), any::<[u8; 8]>(), any::<u8>()).prop_filter_map("valid ids", |(t, p, f)| {
+            (t != [0; 16] && p != [0; 8]).then_some(TraceParent { trace_id: t, parent_id: p, flags: f })
+        });
+    (prop::option::of(any::<u32>()), prop::option::of(trace))
+        .prop_map(|(deadline_micros, trace_parent)| Extensions { deadline_micros, trace_parent })
+}
+
 fn code_strategy() -> impl Strategy<Value = Code> {
     // Through from_u16 so that `Other` never carries a number that has a name.
     prop_oneof![1u16..=13, any::<u16>()].prop_map(Code::from_u16)
@@ -209,12 +220,21 @@ fn code_strategy() -> impl Strategy<Value = Code> {
 /// Any message, plus whether payloads go through the `Bytes` form of the builder.
 fn message_strategy(max_payload: usize) -> impl Strategy<Value = (Message, bool)> {
     let msg = prop_oneof![
-        (any::<u64>(), any::<u8>(), name_strategy(), name_strategy(), payload_strategy(max_payload))
-            .prop_map(|(id, flags, service, method, payload)| Message::Request {
+        (
+            any::<u64>(),
+            any::<u8>(),
+            name_strategy(),
+            name_strategy(),
+            ext_strategy(),
+            payload_strategy(max_payload)
+        )
+            .prop_map(|(id, flags, service, method, ext, payload)| Message::Request {
                 id,
-                flags,
+                // The builder sets the extensions flag exactly when there are extensions.
+                flags: if ext.is_empty() { flags & !0x02 } else { flags | 0x02 },
                 service,
                 method,
+                ext,
                 payload,
             }),
         (any::<u64>(), payload_strategy(max_payload))
@@ -643,7 +663,7 @@ fn builder_rejects_oversized_payload_and_queues_nothing() {
     assert!(matches!(r, Err(BuildError::TooLarge { len: 2013, max: 1000 })), "{r:?}");
     let r = fb.reply_bytes(1, Bytes::from(vec![0u8; 20_000]));
     assert!(matches!(r, Err(BuildError::TooLarge { max: 1000, .. })), "{r:?}");
-    let r = fb.request::<()>(2, 0, "svc", "m", |b| {
+    let r = fb.request::<()>(2, 0, &Extensions::NONE, ("svc", "m"), |b| {
         b.put_slice(&big);
         Ok(())
     });
@@ -656,7 +676,7 @@ fn builder_rejects_oversized_payload_and_queues_nothing() {
     fb.ping(1);
     fb.reply_bytes(2, Bytes::from_static(b"ok")).unwrap();
     let before = fb.queued_len();
-    let r = fb.request_bytes(3, 0, "svc", "m", Bytes::from(big.clone()));
+    let r = fb.request_bytes(3, 0, &volley::proto::Extensions::NONE, ("svc", "m"), Bytes::from(big.clone()));
     assert!(matches!(r, Err(BuildError::TooLarge { .. })), "{r:?}");
     let r = fb.reply::<()>(4, |b| {
         b.put_slice(&big);
@@ -684,9 +704,9 @@ fn builder_rejects_oversized_payload_and_queues_nothing() {
     // Names over 255 bytes.
     let long = "x".repeat(256);
     let mut fb = FrameBuilder::new(Limits::default());
-    let r = fb.request_bytes(1, 0, &long, "m", Bytes::new());
+    let r = fb.request_bytes(1, 0, &volley::proto::Extensions::NONE, (&long, "m"), Bytes::new());
     assert!(matches!(r, Err(BuildError::TooLarge { len: 256, max: 255 })), "{r:?}");
-    let r = fb.request_bytes(1, 0, "s", &long, Bytes::new());
+    let r = fb.request_bytes(1, 0, &volley::proto::Extensions::NONE, ("s", &long), Bytes::new());
     assert!(matches!(r, Err(BuildError::TooLarge { .. })), "{r:?}");
     assert!(fb.is_empty());
 }
@@ -696,7 +716,7 @@ fn payload_encoder_error_queues_nothing() {
     let mut fb = FrameBuilder::new(Limits::default());
     fb.ping(1);
     let before = fb.queued_len();
-    let r = fb.request(9, 0, "svc", "m", |b| {
+    let r = fb.request(9, 0, &volley::proto::Extensions::NONE, ("svc", "m"), |b| {
         b.put_slice(b"half written");
         Err("encoder failed")
     });
@@ -789,6 +809,7 @@ fn zero_copy_payloads_keep_stream_order() {
                 flags: 1,
                 service: Bytes::from_static(b"svc"),
                 method: Bytes::from_static(b"put"),
+                ext: Extensions::NONE,
                 payload: big_b.clone(),
             },
             true,
@@ -807,4 +828,29 @@ fn zero_copy_payloads_keep_stream_order() {
         let (got, _) = decode_chunks(stream.chunks(chunk), limits).unwrap();
         assert_eq!(got, expected, "chunks of {chunk}");
     }
+}
+
+/// The preamble's features byte reaches the decoder, and a request with extensions, as
+/// PROTOCOL.md §6.2.2 spells it out byte by byte, decodes to those extensions.
+#[test]
+fn preamble_features_and_the_documented_extension_example_decode() {
+    let limits = Limits::default();
+    let mut d = Decoder::new(limits);
+    let mut buf = BytesMut::from(&volley::proto::SERVER_PREAMBLE[..]);
+    assert_eq!(d.next_frame(&mut buf).unwrap(), None);
+    assert_eq!(d.peer_features(), 1, "the server announces request extensions");
+
+    let body: Vec<u8> = [
+        &[0x01, 0x02][..],
+        &1u64.to_le_bytes(),
+        b"\x04echo\x04echo",
+        &[0x06, 0x00, 0x01, 0x04, 0x90, 0xd0, 0x03, 0x00],
+        &[0x02, 0x00, 0x00, 0x00, b'h', b'i'],
+    ]
+    .concat();
+    let mut msgs = Vec::new();
+    decode_frame(&Bytes::from(body), &limits, &mut msgs).unwrap();
+    let Message::Request { ext, payload, flags, .. } = &msgs[0] else { panic!("{msgs:?}") };
+    assert_eq!((ext.deadline_micros, ext.trace_parent, *flags), (Some(250_000), None, 0x02));
+    assert_eq!(&payload[..], b"hi");
 }

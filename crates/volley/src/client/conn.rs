@@ -349,10 +349,14 @@ impl StreamConn {
     ) -> Result<Resp, Error> {
         let reply = self
             .roundtrip(id, next_id, 1, timeout, |fb, id| match req.as_bytes() {
-                Some(b) if b.len() >= ZERO_COPY_MIN => {
-                    fb.request_bytes(id, flags, m.service(), m.name(), b).map_err(build_error)
-                }
-                _ => fb.request(id, flags, m.service(), m.name(), |buf| req.encode(buf)).map_err(build_error),
+                Some(b) if b.len() >= ZERO_COPY_MIN => fb
+                    .request_bytes(id, flags, &crate::proto::Extensions::NONE, (m.service(), m.name()), b)
+                    .map_err(build_error),
+                _ => fb
+                    .request(id, flags, &crate::proto::Extensions::NONE, (m.service(), m.name()), |buf| {
+                        req.encode(buf)
+                    })
+                    .map_err(build_error),
             })
             .await?;
         match reply {
@@ -375,8 +379,15 @@ impl StreamConn {
     ) -> Result<Vec<Result<Resp, Error>>, Error> {
         let reply = self
             .roundtrip(id, next_id, items.len(), timeout, |fb, id| {
-                fb.batch_request(id, flags, m.service(), m.name(), items, |r, buf| r.encode(buf))
-                    .map_err(build_error)
+                fb.batch_request(
+                    id,
+                    flags,
+                    &crate::proto::Extensions::NONE,
+                    (m.service(), m.name()),
+                    items,
+                    |r, buf| r.encode(buf),
+                )
+                .map_err(build_error)
             })
             .await?;
         let Reply::Batch(replies) = reply else {
@@ -457,7 +468,8 @@ impl StreamConn {
     ) -> Result<bytes::Bytes, Error> {
         let reply = self
             .roundtrip(id, next_id, 1, timeout, |fb, id| {
-                fb.request_bytes(id, flags, service, method, payload).map_err(build_error)
+                fb.request_bytes(id, flags, &crate::proto::Extensions::NONE, (service, method), payload)
+                    .map_err(build_error)
             })
             .await?;
         match reply {

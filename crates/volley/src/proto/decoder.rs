@@ -10,6 +10,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::batch::BatchItems;
+use super::extensions::{Extensions, FLAG_EXTENSIONS};
 use super::message::{Code, Kind, Message};
 use super::{Limits, ProtocolError, preamble};
 
@@ -18,17 +19,19 @@ use super::{Limits, ProtocolError, preamble};
 pub struct Decoder {
     limits: Limits,
     expect_preamble: bool,
+    /// The features the peer's preamble announced (0 until it arrived).
+    peer_features: u8,
 }
 
 impl Decoder {
     /// A decoder that first expects the peer's preamble, then frames.
     pub fn new(limits: Limits) -> Self {
-        Decoder { limits, expect_preamble: true }
+        Decoder { limits, expect_preamble: true, peer_features: 0 }
     }
 
     /// A decoder for a stream whose preamble was already checked.
     pub fn after_preamble(limits: Limits) -> Self {
-        Decoder { limits, expect_preamble: false }
+        Decoder { limits, expect_preamble: false, peer_features: 0 }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -55,6 +58,11 @@ impl Decoder {
         Ok(Some(buf.split_to(len).freeze()))
     }
 
+    /// The features the peer's preamble announced (§4.4 of PROTOCOL.md).
+    pub fn peer_features(&self) -> u8 {
+        self.peer_features
+    }
+
     /// Whether the peer's preamble is still to come.
     pub fn expects_preamble(&self) -> bool {
         self.expect_preamble
@@ -68,7 +76,7 @@ impl Decoder {
         }
         let mut p = [0u8; preamble::PREAMBLE_LEN];
         p.copy_from_slice(&buf[..preamble::PREAMBLE_LEN]);
-        preamble::check(&p)?;
+        self.peer_features = preamble::check(&p)?;
         buf.advance(preamble::PREAMBLE_LEN);
         self.expect_preamble = false;
         Ok(())
@@ -136,10 +144,10 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
         let kind = Kind::from_u8(kind_byte).ok_or(ProtocolError::UnknownKind(kind_byte))?;
         let msg = match kind {
             Kind::Request => {
-                let (flags, id, service, method) = c.addressed_header()?;
+                let (flags, id, service, method, ext) = c.addressed_header()?;
                 let n = c.u32()? as usize;
                 let payload = c.take(n)?;
-                Message::Request { id, flags, service, method, payload }
+                Message::Request { id, flags, service, method, ext, payload }
             }
             Kind::Reply => {
                 let id = c.u64()?;
@@ -163,12 +171,12 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
                 Message::GoAway { code, message }
             }
             Kind::BatchRequest => {
-                let (flags, id, service, method) = c.addressed_header()?;
+                let (flags, id, service, method, ext) = c.addressed_header()?;
                 let count = c.u32()?;
                 let rest = body.slice(c.pos..);
                 let (items, used) = BatchItems::parse_requests(count, &rest, limits.max_batch_items)?;
                 c.pos += used;
-                Message::BatchRequest { id, flags, service, method, items }
+                Message::BatchRequest { id, flags, service, method, ext, items }
             }
             Kind::BatchReply => {
                 let id = c.u64()?;
@@ -225,15 +233,21 @@ impl Cursor<'_> {
         self.pos = end;
         Ok(b)
     }
-    /// Flags, id, service and method of a Request or BatchRequest.
-    fn addressed_header(&mut self) -> Result<(u8, u64, Bytes, Bytes), ProtocolError> {
+    /// Flags, id, service, method and extensions of a Request or BatchRequest.
+    fn addressed_header(&mut self) -> Result<(u8, u64, Bytes, Bytes, Extensions), ProtocolError> {
         let flags = self.u8()?;
         let id = self.u64()?;
         let n = self.u8()? as usize;
         let service = self.utf8(n, "service name is not UTF-8")?;
         let n = self.u8()? as usize;
         let method = self.utf8(n, "method name is not UTF-8")?;
-        Ok((flags, id, service, method))
+        let ext = if flags & FLAG_EXTENSIONS != 0 {
+            let n = self.u16()? as usize;
+            Extensions::parse(&self.take(n)?)?
+        } else {
+            Extensions::NONE
+        };
+        Ok((flags, id, service, method, ext))
     }
 
     fn utf8(&mut self, n: usize, what: &'static str) -> Result<Bytes, ProtocolError> {

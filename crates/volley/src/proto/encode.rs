@@ -10,6 +10,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::Limits;
+use super::extensions::{Extensions, FLAG_EXTENSIONS};
 use super::message::{Code, Kind, MAX_NAME_LEN};
 use crate::pool::{self, buffer::PoolBuf};
 
@@ -99,19 +100,21 @@ impl FrameBuilder {
         (self.frames, self.messages)
     }
 
-    /// Appends a request whose payload `write` encodes into the buffer.
+    /// Appends a request whose payload `write` encodes into the buffer. With extensions that
+    /// are not empty, the request carries them (PROTOCOL.md §6.2.2): only for a peer that
+    /// announced the feature.
     pub fn request<E>(
         &mut self,
         id: u64,
         flags: u8,
-        service: &str,
-        method: &str,
+        ext: &Extensions,
+        (service, method): (&str, &str),
         write: impl FnOnce(&mut BytesMut) -> Result<(), E>,
     ) -> Result<(), BuildError<E>> {
         check_name(service)?;
         check_name(method)?;
         self.message(
-            |b| addressed_header(b, Kind::Request, flags, id, service, method),
+            |b| addressed_header(b, Kind::Request, flags, id, (service, method), ext),
             Payload::Write(write),
         )
     }
@@ -121,14 +124,14 @@ impl FrameBuilder {
         &mut self,
         id: u64,
         flags: u8,
-        service: &str,
-        method: &str,
+        ext: &Extensions,
+        (service, method): (&str, &str),
         payload: Bytes,
     ) -> Result<(), BuildError<std::convert::Infallible>> {
         check_name(service)?;
         check_name(method)?;
         self.message(
-            |b| addressed_header(b, Kind::Request, flags, id, service, method),
+            |b| addressed_header(b, Kind::Request, flags, id, (service, method), ext),
             Payload::<fn(&mut BytesMut) -> Result<(), _>>::Bytes(payload),
         )
     }
@@ -157,8 +160,8 @@ impl FrameBuilder {
         &mut self,
         id: u64,
         flags: u8,
-        service: &str,
-        method: &str,
+        ext: &Extensions,
+        (service, method): (&str, &str),
         items: &[T],
         mut encode: impl FnMut(&T, &mut BytesMut) -> Result<(), E>,
     ) -> Result<(), BuildError<E>> {
@@ -168,7 +171,7 @@ impl FrameBuilder {
             return Err(BuildError::TooManyItems { count: items.len(), max: self.limits.max_batch_items });
         }
         self.message(
-            |b| addressed_header(b, Kind::BatchRequest, flags, id, service, method),
+            |b| addressed_header(b, Kind::BatchRequest, flags, id, (service, method), ext),
             Payload::Raw(|b: &mut BytesMut| {
                 b.put_u32_le(items.len() as u32);
                 for item in items {
@@ -560,8 +563,17 @@ impl BatchReplyItems<'_> {
     }
 }
 
-/// The header shared by Request and BatchRequest: kind, flags, id, service and method names.
-fn addressed_header(b: &mut BytesMut, kind: Kind, flags: u8, id: u64, service: &str, method: &str) {
+/// The header shared by Request and BatchRequest: kind, flags, id, service and method names,
+/// and the extension block if there are extensions.
+fn addressed_header(
+    b: &mut BytesMut,
+    kind: Kind,
+    flags: u8,
+    id: u64,
+    (service, method): (&str, &str),
+    ext: &Extensions,
+) {
+    let flags = if ext.is_empty() { flags & !FLAG_EXTENSIONS } else { flags | FLAG_EXTENSIONS };
     b.put_u8(kind as u8);
     b.put_u8(flags);
     b.put_u64_le(id);
@@ -569,6 +581,9 @@ fn addressed_header(b: &mut BytesMut, kind: Kind, flags: u8, id: u64, service: &
     b.put_slice(service.as_bytes());
     b.put_u8(method.len() as u8);
     b.put_slice(method.as_bytes());
+    if !ext.is_empty() {
+        ext.write(b);
+    }
 }
 
 fn reply_header(b: &mut BytesMut, id: u64) {

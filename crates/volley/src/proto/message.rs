@@ -133,6 +133,7 @@ pub enum Message {
         flags: u8,
         service: Bytes,
         method: Bytes,
+        ext: super::Extensions,
         payload: Bytes,
     },
     Reply {
@@ -163,6 +164,7 @@ pub enum Message {
         flags: u8,
         service: Bytes,
         method: Bytes,
+        ext: super::Extensions,
         items: super::batch::BatchItems,
     },
     /// One result per item of a [`Message::BatchRequest`], in item order.

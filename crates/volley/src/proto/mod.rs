@@ -15,6 +15,7 @@
 pub mod batch;
 pub mod decoder;
 pub mod encode;
+pub mod extensions;
 pub mod limits;
 pub mod message;
 pub mod preamble;
@@ -22,9 +23,10 @@ pub mod preamble;
 pub use batch::{BatchItems, ItemResult};
 pub use decoder::{Decoder, decode_frame};
 pub use encode::FrameBuilder;
+pub use extensions::{Extensions, TraceParent};
 pub use limits::Limits;
 pub use message::{Code, Kind, Message};
-pub use preamble::{PREAMBLE, PREAMBLE_LEN, VERSION};
+pub use preamble::{PREAMBLE, PREAMBLE_LEN, SERVER_PREAMBLE, VERSION};
 
 /// A violation of the wire protocol by the peer. Any of these closes the connection it happened
 /// on (and only that connection): after a framing error the byte stream cannot be trusted.

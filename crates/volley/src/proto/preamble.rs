@@ -3,7 +3,8 @@
 //! ```text
 //! offset 0..4  magic   "VLLY" (0x56 0x4c 0x4c 0x59)
 //! offset 4     version 1
-//! offset 5..8  reserved, sent as 0, ignored on receipt
+//! offset 5     features the sender understands (bit 0: request extensions)
+//! offset 6..8  reserved, sent as 0, ignored on receipt
 //! ```
 
 use super::ProtocolError;
@@ -14,11 +15,18 @@ pub const MAGIC: [u8; 4] = *b"VLLY";
 pub const VERSION: u8 = 1;
 /// Length of the preamble in bytes.
 pub const PREAMBLE_LEN: usize = 8;
-/// The preamble this implementation sends.
-pub const PREAMBLE: [u8; PREAMBLE_LEN] = [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], VERSION, 0, 0, 0];
+/// The preamble this implementation's clients send (they announce no feature).
+pub const PREAMBLE: [u8; PREAMBLE_LEN] = preamble(0);
+/// The preamble this implementation's servers send: they accept request extensions.
+pub const SERVER_PREAMBLE: [u8; PREAMBLE_LEN] = preamble(super::extensions::FEATURE_EXTENSIONS);
 
-/// Checks a peer's preamble.
-pub fn check(bytes: &[u8; PREAMBLE_LEN]) -> Result<(), ProtocolError> {
+/// A preamble announcing `features`.
+pub const fn preamble(features: u8) -> [u8; PREAMBLE_LEN] {
+    [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], VERSION, features, 0, 0]
+}
+
+/// Checks a peer's preamble and returns the features it announces.
+pub fn check(bytes: &[u8; PREAMBLE_LEN]) -> Result<u8, ProtocolError> {
     let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
     if magic != MAGIC {
         return Err(ProtocolError::BadMagic(magic));
@@ -26,7 +34,7 @@ pub fn check(bytes: &[u8; PREAMBLE_LEN]) -> Result<(), ProtocolError> {
     if bytes[4] != VERSION {
         return Err(ProtocolError::UnsupportedVersion(bytes[4]));
     }
-    Ok(())
+    Ok(bytes[5])
 }
 
 #[cfg(test)]
@@ -35,13 +43,14 @@ mod tests {
 
     #[test]
     fn accepts_own_preamble_and_rejects_others() {
-        assert_eq!(check(&PREAMBLE), Ok(()));
+        assert_eq!(check(&PREAMBLE), Ok(0));
+        assert_eq!(check(&SERVER_PREAMBLE), Ok(1));
         assert_eq!(check(b"GET / HT"), Err(ProtocolError::BadMagic(*b"GET ")));
         let mut v2 = PREAMBLE;
         v2[4] = 2;
         assert_eq!(check(&v2), Err(ProtocolError::UnsupportedVersion(2)));
         let mut reserved = PREAMBLE;
         reserved[7] = 9;
-        assert_eq!(check(&reserved), Ok(()), "reserved bytes are ignored");
+        assert_eq!(check(&reserved), Ok(0), "reserved bytes are ignored");
     }
 }

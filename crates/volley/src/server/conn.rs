@@ -12,7 +12,7 @@ use super::Shared;
 use super::admission::{OpeningTicket, Served};
 use super::dispatch::{Conn, Dispatch};
 use crate::liveness::{Action, Liveness};
-use crate::proto::{Code, Message, PREAMBLE, ProtocolError};
+use crate::proto::{Code, Message, ProtocolError, SERVER_PREAMBLE};
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::socket::{Accepted, StreamRead, StreamWrite};
@@ -93,7 +93,7 @@ async fn open(shared: &Shared, accepted: Accepted) -> Result<Opened, OpenError> 
     let peer = stream.peer();
     let (rd, mut wr) = stream.into_halves();
     // Flushed: a TLS session may hold the bytes back, and a client may wait for them.
-    wr.write_all(&PREAMBLE).await.map_err(|e| failed(&e))?;
+    wr.write_all(&SERVER_PREAMBLE).await.map_err(|e| failed(&e))?;
     wr.flush().await.map_err(|e| failed(&e))?;
     let mut reader = FrameReader::new(rd, shared.config.limits).with_read_timeout(shared.config.read_timeout);
     match reader.preamble().await {

@@ -1,0 +1,202 @@
+//! Request extensions (PROTOCOL.md §6.2.2): optional fields of a request's header — the
+//! caller's remaining time budget, its trace context — in a block of `type, len, value`
+//! entries that a receiver walks, keeping the types it knows and skipping the others, so new
+//! types need no new protocol version. Sent only to a server whose preamble announced the
+//! `EXTENSIONS` feature (§4.4).
+
+use bytes::{BufMut, BytesMut};
+
+use super::ProtocolError;
+
+/// Request flag: an extension block follows the method name.
+pub const FLAG_EXTENSIONS: u8 = 0x02;
+/// Preamble feature: the sender (a server) accepts request extensions.
+pub const FEATURE_EXTENSIONS: u8 = 0x01;
+
+/// Entry type: the caller's remaining budget, u32 microseconds.
+pub const EXT_DEADLINE: u8 = 0x01;
+/// Entry type: W3C trace context, 26 bytes (version, trace-id, parent-id, flags).
+pub const EXT_TRACEPARENT: u8 = 0x02;
+
+/// The extensions of one request, as far as this implementation knows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Extensions {
+    /// The caller's remaining time budget when it sent the request, in microseconds.
+    pub deadline_micros: Option<u32>,
+    /// The caller's trace context: the server's span for the request is a child of it.
+    pub trace_parent: Option<TraceParent>,
+}
+
+/// A W3C `traceparent` (version 00): which trace a request belongs to, and the caller's span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceParent {
+    pub trace_id: [u8; 16],
+    pub parent_id: [u8; 8],
+    /// Bit 0: the caller samples (records) this trace.
+    pub flags: u8,
+}
+
+const TRACEPARENT_LEN: usize = 26;
+
+impl TraceParent {
+    /// From the binary form; `None` if invalid (another version, an all-zero id).
+    pub fn from_bytes(b: &[u8]) -> Option<TraceParent> {
+        if b.len() != TRACEPARENT_LEN || b[0] != 0 {
+            return None;
+        }
+        let tp = TraceParent {
+            trace_id: b[1..17].try_into().ok()?,
+            parent_id: b[17..25].try_into().ok()?,
+            flags: b[25],
+        };
+        tp.is_valid().then_some(tp)
+    }
+
+    /// From the text form of the `traceparent` header: `00-<32 hex>-<16 hex>-<2 hex>`.
+    pub fn parse(s: &str) -> Option<TraceParent> {
+        let mut parts = s.trim().split('-');
+        let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || version != "00" {
+            return None;
+        }
+        let tp = TraceParent { trace_id: hex(trace)?, parent_id: hex(parent)?, flags: hex::<1>(flags)?[0] };
+        tp.is_valid().then_some(tp)
+    }
+
+    fn is_valid(&self) -> bool {
+        self.trace_id != [0; 16] && self.parent_id != [0; 8]
+    }
+
+    fn write(&self, b: &mut BytesMut) {
+        b.put_u8(0);
+        b.put_slice(&self.trace_id);
+        b.put_slice(&self.parent_id);
+        b.put_u8(self.flags);
+    }
+}
+
+impl std::fmt::Display for TraceParent {
+    /// The text form of the `traceparent` header.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("00-")?;
+        self.trace_id.iter().try_for_each(|b| write!(f, "{b:02x}"))?;
+        f.write_str("-")?;
+        self.parent_id.iter().try_for_each(|b| write!(f, "{b:02x}"))?;
+        write!(f, "-{:02x}", self.flags)
+    }
+}
+
+/// Lower-case or upper-case hex of exactly `N` bytes.
+fn hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Extensions {
+    /// No extensions.
+    pub const NONE: Extensions = Extensions { deadline_micros: None, trace_parent: None };
+
+    pub fn is_empty(&self) -> bool {
+        self.deadline_micros.is_none() && self.trace_parent.is_none()
+    }
+
+    /// Writes the block: its u16 length, then the entries.
+    pub(crate) fn write(&self, b: &mut BytesMut) {
+        let at = b.len();
+        b.put_u16_le(0);
+        if let Some(us) = self.deadline_micros {
+            b.put_slice(&[EXT_DEADLINE, 4]);
+            b.put_u32_le(us);
+        }
+        if let Some(tp) = &self.trace_parent {
+            b.put_slice(&[EXT_TRACEPARENT, TRACEPARENT_LEN as u8]);
+            tp.write(b);
+        }
+        let len = (b.len() - at - 2) as u16;
+        b[at..at + 2].copy_from_slice(&len.to_le_bytes());
+    }
+
+    /// Reads a block's entries. An entry that runs past the block is a protocol error; an
+    /// unknown type is skipped; a known type with a bad value is ignored (logged).
+    pub(crate) fn parse(mut block: &[u8]) -> Result<Extensions, ProtocolError> {
+        let mut ext = Extensions::default();
+        while !block.is_empty() {
+            let [kind, len, rest @ ..] = block else {
+                return Err(ProtocolError::Malformed("request extension entry cut short"));
+            };
+            let len = *len as usize;
+            if rest.len() < len {
+                return Err(ProtocolError::Malformed("request extension entry runs past its block"));
+            }
+            let (value, next) = rest.split_at(len);
+            match *kind {
+                EXT_DEADLINE => match <[u8; 4]>::try_from(value) {
+                    Ok(v) => ext.deadline_micros = Some(u32::from_le_bytes(v)),
+                    Err(_) => tracing::debug!(len, "ignoring a deadline extension of the wrong length"),
+                },
+                EXT_TRACEPARENT => match TraceParent::from_bytes(value) {
+                    Some(tp) => ext.trace_parent = Some(tp),
+                    None => tracing::debug!(?value, "ignoring an invalid traceparent extension"),
+                },
+                _ => {}
+            }
+            block = next;
+        }
+        Ok(ext)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp() -> TraceParent {
+        TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap()
+    }
+
+    #[test]
+    fn the_text_form_round_trips_and_bad_forms_are_refused() {
+        let tp = tp();
+        assert_eq!(tp.to_string(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(tp.flags, 1);
+        for bad in [
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceParent::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn blocks_round_trip_and_unknown_entries_are_skipped() {
+        let ext = Extensions { deadline_micros: Some(250_000), trace_parent: Some(tp()) };
+        let mut b = BytesMut::new();
+        ext.write(&mut b);
+        assert_eq!(u16::from_le_bytes([b[0], b[1]]) as usize, b.len() - 2);
+        assert_eq!(&b[2..8], &[EXT_DEADLINE, 4, 0x90, 0xd0, 0x03, 0x00], "the example of PROTOCOL.md");
+        assert_eq!(Extensions::parse(&b[2..]).unwrap(), ext);
+        // An unknown type in front, and a deadline of the wrong length, change nothing else.
+        let mut block = vec![0x7f, 3, 1, 2, 3, EXT_DEADLINE, 2, 9, 9];
+        block.extend_from_slice(&b[8..]);
+        let parsed = Extensions::parse(&block).unwrap();
+        assert_eq!(parsed, Extensions { deadline_micros: None, trace_parent: Some(tp()) });
+    }
+
+    #[test]
+    fn an_entry_past_its_block_is_a_protocol_error() {
+        assert!(Extensions::parse(&[EXT_DEADLINE, 4, 1, 2]).is_err());
+        assert!(Extensions::parse(&[EXT_DEADLINE]).is_err());
+        assert_eq!(Extensions::parse(&[]).unwrap(), Extensions::default());
+    }
+}
