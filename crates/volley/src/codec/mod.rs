@@ -275,17 +275,6 @@ impl Wire for bool {
     }
 }
 
-/// Encodes a serde value with bitcode's serde mode (what `volley::wire!(T)` does). Kept for
-/// hand-written impls; the same as [`fast::serde_encode`].
-pub fn bitcode_encode<T: serde::Serialize>(v: &T, out: &mut BytesMut) -> Result<(), CodecError> {
-    fast::serde_encode(v, out)
-}
-
-/// Decodes a serde value encoded by [`bitcode_encode`]; the same as [`fast::serde_decode`].
-pub fn bitcode_decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
-    fast::serde_decode(bytes)
-}
-
 /// Declares the codec tier of one or more types, in one line:
 ///
 /// | Form | Tier | Requires |

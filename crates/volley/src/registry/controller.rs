@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::client_ids::{self, Holders};
-use super::pool::{Balance, Pool, PoolConfig, PoolStats, Route};
+use super::instances::{Balance, Pick, Pool, PoolConfig, PoolStats};
 use super::store::{MemoryStore, Store, StoreError, StoreStatus};
 use super::wire::*;
 use crate::client::{CallOptions, ClientConfig};
@@ -173,7 +173,7 @@ impl Controller {
         let relay = &self.state.relay;
         let mut relay_transport = relay.stats.retired();
         for p in relay.pools.lock().values() {
-            super::pool::add_snapshot(&mut relay_transport, &p.pool.counters());
+            super::instances::add_snapshot(&mut relay_transport, &p.pool.counters());
         }
         ControllerStats {
             server: self.server.counters(),
@@ -465,9 +465,9 @@ impl Relay {
     async fn forward(&self, st: &State, r: RelayRequest) -> Result<bytes::Bytes, Error> {
         let pool = self.pool(st, &r.service).await?;
         let route = match r.target {
-            Target::Any => Route::Balanced,
-            Target::Key(h) => Route::Key(h),
-            Target::Address(a) => Route::Address(a),
+            Target::Any => Pick::Balanced,
+            Target::Key(h) => Pick::Key(h),
+            Target::Address(a) => Pick::Address(a),
         };
         let timeout = match r.timeout_ms {
             0 => self.base.timeout,

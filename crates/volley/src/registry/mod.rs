@@ -23,12 +23,12 @@
 
 mod backoff;
 mod client_ids;
-mod control;
+mod connection;
 mod controller;
 mod ejection;
 mod endpoint;
 mod hash;
-mod pool;
+mod instances;
 mod registration;
 mod service_client;
 mod store;
@@ -36,10 +36,10 @@ pub mod wire;
 
 use std::time::Duration;
 
-pub use control::{Registry, RegistryStats};
+pub use connection::{Registry, RegistryStats};
 pub use controller::{Controller, ControllerConfig, ControllerStats};
 pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash};
-pub use pool::Balance;
+pub use instances::Balance;
 pub use registration::{LeaseConfig, Registration};
 pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig, merge_sorted};
 pub use store::{MemoryStore, Renewal, ServiceState, Store, StoreError, StoreStatus};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::control::Registry;
+use super::connection::Registry;
 use super::wire::{InstanceSpec, RegisterRequest, Registered};
 use crate::error::Error;
 use crate::server::Server;

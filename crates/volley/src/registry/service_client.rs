@@ -12,9 +12,9 @@ use rustc_hash::FxHashMap;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use super::control::Registry;
+use super::connection::Registry;
 use super::hash::hash_key;
-use super::pool::{Balance, Pool, PoolConfig, PoolStats, Route, add_snapshot};
+use super::instances::{Balance, Pick, Pool, PoolConfig, PoolStats, add_snapshot};
 use super::wire::{Instance, RelayRequest, Target, WatchRequest};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
 use crate::codec::{StableHash, Wire};
@@ -199,7 +199,7 @@ impl ServiceClient {
         m: &Method<Req, Resp>,
         req: Req,
     ) -> Result<Resp, Error> {
-        self.route_call(m, req, CallOptions::default(), Route::Balanced).await
+        self.route_call(m, req, CallOptions::default(), Pick::Balanced).await
     }
 
     /// Calls with per-call options. A call marked [`idempotent`](CallOptions::idempotent)
@@ -211,7 +211,7 @@ impl ServiceClient {
         req: Req,
         opts: CallOptions,
     ) -> Result<Resp, Error> {
-        self.route_call(m, req, opts, Route::Balanced).await
+        self.route_call(m, req, opts, Pick::Balanced).await
     }
 
     /// The batch API through the registry: the requests are cut into chunks, and every chunk
@@ -236,7 +236,7 @@ impl ServiceClient {
         let n = reqs.len();
         if self.inner.config.mode == Mode::Relayed {
             let call_opts = CallOptions { timeout: opts.timeout, idempotent: opts.idempotent };
-            let calls = reqs.into_iter().map(|r| self.route_call(m, r, call_opts, Route::Balanced));
+            let calls = reqs.into_iter().map(|r| self.route_call(m, r, call_opts, Pick::Balanced));
             return futures_util::future::join_all(calls).await;
         }
         let pool = match self.pool(m.service()).await {
@@ -262,7 +262,7 @@ impl ServiceClient {
                 // The pool connects before it calls `attempt`, and retries (another instance)
                 // only on a failed connect, so the chunk is sent at most once.
                 let sent = pool
-                    .call(&Route::Balanced, false, |client| {
+                    .call(&Pick::Balanced, false, |client| {
                         let chunk = slot.take();
                         async move {
                             match chunk {
@@ -299,7 +299,7 @@ impl ServiceClient {
         req: Req,
         opts: CallOptions,
     ) -> Result<Resp, Error> {
-        self.route_call(m, req, opts, Route::Key(hash_key(key))).await
+        self.route_call(m, req, opts, Pick::Key(hash_key(key))).await
     }
 
     /// Scatter-gather: calls `m` on every instance of its service at once and gathers each
@@ -321,7 +321,7 @@ impl ServiceClient {
     ) -> Result<Vec<Gathered<Resp>>, Error> {
         let instances = self.instances(m.service()).await?;
         let calls = instances.into_iter().map(|instance| {
-            let (req, route) = (req.clone(), Route::Address(instance.address.clone()));
+            let (req, route) = (req.clone(), Pick::Address(instance.address.clone()));
             async move { Gathered { result: self.route_call(m, req, opts, route).await, instance } }
         });
         Ok(futures_util::future::join_all(calls).await)
@@ -407,7 +407,7 @@ impl ServiceClient {
         m: &Method<Req, Resp>,
         req: Req,
         opts: CallOptions,
-        route: Route,
+        route: Pick,
     ) -> Result<Resp, Error> {
         self.inner.calls.fetch_add(1, Relaxed);
         match self.inner.config.mode {
@@ -432,9 +432,9 @@ impl ServiceClient {
                 req.encode(&mut payload).map_err(|e| Error::Encode(e.0))?;
                 let timeout = opts.timeout.unwrap_or(self.inner.config.client.timeout);
                 let target = match route {
-                    Route::Balanced => Target::Any,
-                    Route::Key(h) => Target::Key(h),
-                    Route::Address(a) => Target::Address(a),
+                    Pick::Balanced => Target::Any,
+                    Pick::Key(h) => Target::Key(h),
+                    Pick::Address(a) => Target::Address(a),
                 };
                 let relay = RelayRequest {
                     service: m.service().to_string(),

@@ -42,9 +42,9 @@ pub enum Balance {
 /// Probes due within this much of each other start together.
 const PROBE_ROUND: Duration = Duration::from_millis(100);
 
-/// Where one call goes.
+/// How one call picks its instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Route {
+pub(crate) enum Pick {
     /// By the balancing policy.
     Balanced,
     /// By key hash on the ring; on failover, the next instance clockwise.
@@ -371,19 +371,19 @@ impl Pool {
     }
 
     /// Picks an instance for `route`, avoiding those already `tried` by this call.
-    fn pick(&self, view: &View, route: &Route, tried: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    fn pick(&self, view: &View, route: &Pick, tried: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
         let was_tried = |e: &Arc<Endpoint>| tried.iter().any(|t| Arc::ptr_eq(t, e));
         let active = &view.active;
         match route {
-            Route::Address(a) => view.listed.iter().find(|e| &e.address == a && !was_tried(e)).cloned(),
+            Pick::Address(a) => view.listed.iter().find(|e| &e.address == a && !was_tried(e)).cloned(),
             // Out of rotation or tried: the key goes to the next instance clockwise, as if that
             // one had left the ring.
-            Route::Key(h) => view
+            Pick::Key(h) => view
                 .ring()
                 .node_skipping(*h, |i| view.out[i] || was_tried(&view.listed[i]))
                 .map(|i| view.listed[i].clone()),
-            Route::Balanced if active.is_empty() => None,
-            Route::Balanced => match self.config.balance {
+            Pick::Balanced if active.is_empty() => None,
+            Pick::Balanced => match self.config.balance {
                 Balance::RoundRobin => {
                     let total = *view.cum_weights.last()?;
                     let x = self.rr.fetch_add(1, Relaxed) % total;
@@ -411,7 +411,7 @@ impl Pool {
     /// instance is unknown), otherwise it ends with that error. Every other outcome (replies,
     /// other error replies, timeouts) is returned as it is. At most `max_attempts` instances
     /// are tried.
-    pub async fn call<T, F, Fut>(&self, route: &Route, idempotent: bool, mut attempt: F) -> Result<T, Error>
+    pub async fn call<T, F, Fut>(&self, route: &Pick, idempotent: bool, mut attempt: F) -> Result<T, Error>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
@@ -551,7 +551,7 @@ mod tests {
         let v = p.view();
         let mut counts = FxHashMap::default();
         for _ in 0..400 {
-            *counts.entry(p.pick(&v, &Route::Balanced, &[]).unwrap().address.clone()).or_insert(0) += 1;
+            *counts.entry(p.pick(&v, &Pick::Balanced, &[]).unwrap().address.clone()).or_insert(0) += 1;
         }
         assert_eq!(counts["tcp://h:1"], 100);
         assert_eq!(counts["tcp://h:2"], 300);
@@ -565,7 +565,7 @@ mod tests {
         let busy = v.listed.iter().find(|e| e.address == "tcp://h:1").unwrap();
         busy.outstanding().store(10, Relaxed);
         for _ in 0..100 {
-            assert_eq!(p.pick(&v, &Route::Balanced, &[]).unwrap().address, "tcp://h:2");
+            assert_eq!(p.pick(&v, &Pick::Balanced, &[]).unwrap().address, "tcp://h:2");
         }
     }
 
@@ -580,8 +580,8 @@ mod tests {
         assert_eq!(p.stats.instances_dropped.load(Relaxed), 1, "counted once");
         let v = p.view();
         for _ in 0..10 {
-            assert_eq!(p.pick(&v, &Route::Balanced, &[]).unwrap().address, "tcp://h:2");
-            assert_eq!(p.pick(&v, &Route::Key(fastrand::u64(..)), &[]).unwrap().address, "tcp://h:2");
+            assert_eq!(p.pick(&v, &Pick::Balanced, &[]).unwrap().address, "tcp://h:2");
+            assert_eq!(p.pick(&v, &Pick::Key(fastrand::u64(..)), &[]).unwrap().address, "tcp://h:2");
         }
         // Still listed (the registry lists it), so scatter-gather still reaches it.
         assert_eq!(v.listed.len(), 2);

@@ -223,7 +223,7 @@ impl Registry {
             transport: {
                 let mut t = i.bootstrap_transport;
                 for c in i.clients.lock().iter().flatten() {
-                    super::pool::add_snapshot(&mut t, &c.counters());
+                    super::instances::add_snapshot(&mut t, &c.counters());
                 }
                 t
             },
