@@ -381,7 +381,7 @@ fn run(a: Args) -> Result<bool, String> {
         // The goals are about capacity (closed loop); at a fixed rate every framework that
         // keeps up shows the same calls/s, so only the latency rows above say anything.
         if settings.rate.is_none() {
-            println!("\nGoals (issue 8), against this run:");
+            println!("\nGoals, against this run:");
             print!("{}", report::goals(&results, &scenarios));
         }
     }

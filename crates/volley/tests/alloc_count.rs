@@ -2,7 +2,7 @@
 //! thread of the process (client and server both live here). Its own test binary, because the
 //! counting allocator is process-wide.
 //!
-//! The bound (issue 6): 0 allocations per call for plain-data payloads over tcp and inproc, at
+//! The bound: 0 allocations per call for plain-data payloads over tcp and inproc, at
 //! most 2 otherwise. Each test warms up (connection buffers, pools, tables reach their steady
 //! size), then counts the allocations of `CALLS` sequential calls — one caller, so nothing is
 //! amortized over a bundle: every turn of the server and every read and write is paid by one

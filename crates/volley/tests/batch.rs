@@ -256,7 +256,7 @@ async fn callers_wait_for_room_under_the_in_flight_bound() {
     server.shutdown().await;
 }
 
-/// An application-level batch (seeds/000 §7.3): the request type is itself a batch, and the
+/// An application-level batch: the request type is itself a batch, and the
 /// service processes it as one unit — one message, one handler call, one reply.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Numbers(Vec<u64>);

@@ -1,4 +1,4 @@
-//! The batch API (seeds/000 §3.2): many requests for one method, split into chunks, every
+//! The batch API: many requests for one method, split into chunks, every
 //! chunk sent at once, one wait, one result per request in input order.
 //!
 //! Over unix and tcp each chunk is one `BatchRequest` message answered by one `BatchReply`:
@@ -25,7 +25,7 @@ use crate::proto::message::FLAG_IDEMPOTENT;
 /// How a batch is cut and sent.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchOptions {
-    /// Requests per chunk (one message on the wire). Default 128, as in the seed.
+    /// Requests per chunk (one message on the wire). Default 128, the MF report's chunk.
     pub chunk_size: usize,
     /// Chunks in flight at once for [`Client::call_batch_stream`] (default 256: 32,768 requests
     /// of the default chunk size). [`Client::call_batch`] sends every chunk at once.

@@ -4,7 +4,8 @@
 //! is encoded by its type's [`Wire`] implementation. Which encoding a type uses is decided
 //! **once, by its declaration**, at compile time: every type has exactly one `Wire` impl, so the
 //! hot path is a direct (inlinable) call with no runtime switch on the type. There are four
-//! tiers, fastest first (the seed's custom > memcpy > febird > boost):
+//! tiers, fastest first (the MF report's custom > memcpy > febird > boost, the design this
+//! follows):
 //!
 //! | Tier ([`Tier`]) | Declared with | Encoding | Use it for |
 //! |---|---|---|---|

@@ -1,4 +1,5 @@
-//! Batch messages: one message carrying many items (seeds/000 §3.2, the "MF-level batch").
+//! Batch messages: one message carrying many items (what the MF report calls an "MF-level
+//! batch": one request id, one reply, for a chunk of calls).
 //!
 //! A chunk of a `call_batch` travels as one `BatchRequest` and comes back as one `BatchReply`,
 //! so it costs one request id, one pending entry and one wake-up however many items it holds.

@@ -1,7 +1,7 @@
 //! Key routing: the stable key hash and the consistent-hash ring.
 //!
 //! A key is hashed over its canonical encoded form with the codec's documented
-//! [`StableHash`] (seed §6.3.3: hashing through serialization), so equal keys hash equally on
+//! [`StableHash`] (hashing through serialization, as the MF report does), so equal keys hash equally on
 //! every machine, in every process and in every release, whatever their in-memory layout.
 
 use crate::codec::StableHash;

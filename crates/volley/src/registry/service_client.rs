@@ -31,7 +31,7 @@ pub enum Mode {
     #[default]
     Direct,
     /// Send every call to the controller, which forwards it to an instance and relays the
-    /// reply (the seed's "normal" mode): four messages per call. For clients that cannot
+    /// reply (the MF report's "normal" mode): four messages per call. For clients that cannot
     /// reach the servers, and to measure direct mode against.
     Relayed,
 }
@@ -538,7 +538,7 @@ async fn watch_loop(
 
 /// Merges lists that are each sorted by `cmp` (best first) into the `k` best overall, in
 /// order: the merge step of a scatter-gather over shards that each return their top k
-/// (seeds/000 §4.2). Takes O(k × number of lists) comparisons; the lists are few (one per
+/// (the MF report's merge of shard results). Takes O(k × number of lists) comparisons; the lists are few (one per
 /// instance).
 pub fn merge_sorted<T>(lists: Vec<Vec<T>>, k: usize, mut cmp: impl FnMut(&T, &T) -> Ordering) -> Vec<T> {
     let mut heads: Vec<std::vec::IntoIter<T>> = lists.into_iter().map(Vec::into_iter).collect();

@@ -1,8 +1,8 @@
 //! Where the controller keeps its state: the [`Store`] trait, and [`MemoryStore`], the
 //! in-memory backend used by the embedded and the standalone controller.
 //!
-//! The trait is asynchronous and object-safe so that a backend over a remote store (etcd,
-//! issue 9) can be added without touching the controller: leases, instances by service with a
+//! The trait is asynchronous and object-safe so that a backend over a remote store (the
+//! `volley-etcd` crate's, over etcd) plugs in without touching the controller: leases, instances by service with a
 //! revision per change, a change signal for watches, and the client-id allocator.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

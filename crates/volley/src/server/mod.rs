@@ -48,7 +48,9 @@ pub use handler::BatchResult;
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Most requests handed to handlers per turn of a connection (seeds/004: 1000).
+    /// Most requests handed to handlers per turn of a connection (default 1000, the batch size of
+    /// the BookKeeper proposal the server's turns follow: drain up to a cap, serve together,
+    /// answer together).
     pub max_batch: usize,
     /// Protocol limits enforced on every connection.
     pub limits: Limits,
@@ -59,7 +61,7 @@ pub struct ServerConfig {
     /// Requests (and batch requests) whose payload has at least this many bytes are decoded,
     /// handled (if the handler does not wait) and their replies encoded on a CPU pool rather
     /// than on the connection's task, so that large payloads are not capped at one core per
-    /// connection (seeds/000 §5). `usize::MAX` keeps everything on the connection's task.
+    /// connection. `usize::MAX` keeps everything on the connection's task.
     /// Default 64 KiB, chosen by estimate, not yet by a sweep: a hand-off to the pool costs a
     /// few microseconds, about what decoding 16–64 KiB of bitcode takes.
     pub offload_min_bytes: usize,

@@ -1,5 +1,6 @@
 //! Large payloads are decoded, handled and encoded on a CPU pool instead of the connection's
-//! task (seeds/000 §5: the IO thread only moves bytes; "work" threads do the (de)serialization).
+//! task: the IO task only moves bytes, and worker threads do the (de)serialization, as in the
+//! MF report's design that Volley follows.
 //!
 //! A connection is served by one task. For small requests that task is the cheapest place to
 //! decode and answer them — handing each to another thread would cost more than the work. For a
