@@ -1,20 +1,21 @@
 //! Transports, chosen by address: `inproc://NAME`, `unix:///PATH`, `tcp://HOST:PORT`,
 //! `tls://HOST:PORT` (feature `tls`).
 //!
-//! - [`inproc`]: a process-wide table of named servers; calls hand request and reply values
+//! - `inproc`: a process-wide table of named servers; calls hand request and reply values
 //!   across with no encoding at all.
-//! - [`stream`]: unix and tcp sockets behind one small trait.
+//! - `socket`: one seam for unix, tcp and tls sockets (connect, listen, accept, handshake);
+//!   `stream`: the read and write halves a connection needs of them.
 //! - `tls`: rustls sessions over tcp, behind the same trait (feature `tls`).
-//! - [`outbox`]: the send side of a byte connection — callers append messages, one writer
+//! - `outbox`: the send side of a byte connection — callers append messages, one writer
 //!   drains everything queued into one write.
-//! - [`reader`]: the receive side — reads into one reusable buffer and hands up every complete
+//! - `reader`: the receive side — reads into one reusable buffer and hands up every complete
 //!   message as one batch.
 
-pub mod inproc;
-pub mod outbox;
-pub mod reader;
-pub mod socket;
-pub mod stream;
+pub(crate) mod inproc;
+pub(crate) mod outbox;
+pub(crate) mod reader;
+pub(crate) mod socket;
+pub(crate) mod stream;
 #[cfg(feature = "tls")]
 pub mod tls;
 
@@ -24,6 +25,7 @@ use crate::Error;
 
 /// A parsed endpoint address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Address {
     /// `inproc://NAME`: a server in this process.
     Inproc(String),
@@ -31,9 +33,8 @@ pub enum Address {
     Unix(PathBuf),
     /// `tcp://HOST:PORT`.
     Tcp(String),
-    /// `tls://HOST:PORT`: tcp with TLS (feature `tls`; the server needs
-    /// [`ServerBuilder::tls`](crate::ServerBuilder::tls), the client
-    /// [`ClientConfig::tls`](crate::ClientConfig::tls)).
+    /// `tls://HOST:PORT`: tcp with TLS (feature `tls`; the server needs `ServerBuilder::tls`,
+    /// the client `ClientConfig::tls`).
     Tls(String),
 }
 
