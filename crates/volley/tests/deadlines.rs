@@ -1,6 +1,7 @@
-//! Deadlines across the wire: a client sends each call's time budget (PROTOCOL §6.2.2); the
-//! server does not run a request whose budget is spent, drops a handler still running when the
-//! budget runs out, and a handler's own calls inherit what is left of it.
+//! Deadlines and cancellation across the wire: a client sends each call's time budget (PROTOCOL
+//! §6.2.2) and cancels the calls it drops; the server does not run a request whose budget is
+//! spent, drops a handler still running when the budget runs out or its request is cancelled,
+//! and a handler's own calls inherit what is left of the budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -283,4 +284,27 @@ async fn a_server_without_the_extensions_feature_gets_plain_requests() {
         assert_eq!(flags & 0x02, 0, "the extensions flag was set");
         assert_eq!(ext, Extensions::NONE);
     }
+}
+
+/// A caller that drops its call (it stops waiting) sends `Cancel`; the server drops the
+/// handler's work at once, long before the call's 30 s deadline.
+#[tokio::test]
+async fn a_dropped_call_stops_its_handler() {
+    let (runs, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let server = counting_server(runs, dropped.clone());
+    let addr = server.listen(&address("cancel")).await.unwrap().to_string();
+    let client = Client::connect(&addr).await.unwrap();
+    client.call(&ADD_ONE, 1).await.unwrap();
+
+    let call = client.call_with(&HANG, 0, CallOptions::default().timeout(Duration::from_secs(30)));
+    assert!(tokio::time::timeout(Duration::from_millis(100), call).await.is_err(), "the call cannot finish");
+    wait_until(Duration::from_secs(10), "the cancelled handler to be dropped", || {
+        dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    wait_until(Duration::from_secs(10), "the cancel to be counted", || server.cancelled_requests() == 1)
+        .await;
+    assert_eq!(server.expired_requests(), 0);
+    assert_eq!(client.call(&ADD_ONE, 1).await.unwrap(), 2);
+    server.shutdown().await;
 }

@@ -20,6 +20,7 @@ use super::Shared;
 use super::batch::poll_now;
 use super::offload::offloaded;
 use super::replies::Replies;
+use super::running::Running;
 use crate::proto::encode::FrameBuilder;
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Limits, Message, ProtocolError};
@@ -29,6 +30,9 @@ use crate::transport::outbox::Outbox;
 /// partly run.
 /// The error of a request whose caller's time budget ran out before its handler answered.
 const EXPIRED: &str = "the caller's deadline passed before the server answered (its time budget ran out)";
+
+/// The error of a request whose client cancelled it while its handler ran.
+const CANCELLED: &str = "the client cancelled the request";
 
 const DROPPED_AT_DEADLINE: &str = "the server shut down: its drain deadline passed before this request finished (the handler may have partly run)";
 
@@ -65,6 +69,8 @@ pub(super) struct Dispatch {
     deadline: GroupDeadline,
     /// When the turn started, read once per turn and only if a request has a deadline.
     now: Option<Instant>,
+    /// Work of this connection still running, for the client's cancels.
+    running: Arc<Running>,
 }
 
 /// The deadline a group of requests runs under: the latest of theirs, so that no request is
@@ -171,10 +177,9 @@ impl Dispatch {
                     self.deadline.add(deadline);
                 }
                 Message::Ping { token } => self.pings.push(token),
-                // Cancels are advisory in protocol version 1: the reply is still sent, and the
-                // client drops it. Auth was checked when the connection opened (a repeated one
-                // changes nothing).
-                Message::Cancel { .. } | Message::Pong { .. } | Message::Auth { .. } => {}
+                Message::Cancel { id } => self.running.cancel(id),
+                // Auth was checked when the connection opened (a repeated one changes nothing).
+                Message::Pong { .. } | Message::Auth { .. } => {}
                 Message::GoAway { code, message } => {
                     tracing::debug!(%code, message = as_str(&message), "client is going away");
                 }
@@ -323,9 +328,10 @@ impl Dispatch {
             return replies.write(out);
         }
         c.shared.queued.fetch_add(n, Ordering::Relaxed);
-        let (shared, outbox) = (c.shared.clone(), c.outbox.clone());
+        let (shared, outbox, running) = (c.shared.clone(), c.outbox.clone(), self.running.clone());
         // Cloned only here, on the slow path, which spawns a task anyway.
         let ids = self.started.clone();
+        let work = running.start(&ids);
         c.inflight.spawn(async move {
             tokio::select! {
                 replies = fut => {
@@ -339,7 +345,14 @@ impl Dispatch {
                 () = sleep_until_some(deadline) => {
                     let _ = outbox.push(|fb| expire(&shared, fb, &ids));
                 }
+                // The client cancelled every request of this work: it stops. The answer is
+                // for this side's books; the client has forgotten the ids.
+                () = work.cancelled.cancelled() => {
+                    shared.cancelled.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    let _ = outbox.push(|fb| ids.iter().for_each(|&id| fb.error(id, Code::Cancelled, CANCELLED)));
+                }
             }
+            running.finish(&ids);
             shared.queued.fetch_sub(n, Ordering::Relaxed);
         });
     }

@@ -20,6 +20,7 @@ mod local;
 mod offload;
 mod replies;
 mod router;
+mod running;
 
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
@@ -256,6 +257,7 @@ impl ServerBuilder {
                 bound: Mutex::new(Vec::new()),
                 queued: AtomicUsize::new(0),
                 expired: Default::default(),
+                cancelled: Default::default(),
             }
         });
         Server { shared }
@@ -296,6 +298,8 @@ pub(crate) struct Shared {
     pub(crate) queued: AtomicUsize,
     /// Requests answered `DeadlineExceeded` because their caller's budget ran out first.
     pub(crate) expired: std::sync::atomic::AtomicU64,
+    /// Requests whose running handler was stopped because the client cancelled them.
+    pub(crate) cancelled: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -405,6 +409,12 @@ impl Server {
     /// work was dropped).
     pub fn expired_requests(&self) -> u64 {
         self.shared.expired.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Requests whose handler was still running when the client cancelled them (it dropped
+    /// the call): the handler's work was dropped.
+    pub fn cancelled_requests(&self) -> u64 {
+        self.shared.cancelled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many connections the server serves and has opening now.
