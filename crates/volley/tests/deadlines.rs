@@ -64,15 +64,19 @@ fn counting_server(runs: Arc<AtomicUsize>, dropped: Arc<AtomicUsize>) -> Server 
         .build()
 }
 
-/// Sends raw requests with the given budgets (over the frame layer, as another implementation
+/// Sends raw requests for `add_one` with the given budgets (over the frame layer, as another implementation
 /// would) and returns the answer to each, by id.
 async fn raw_requests(addr: &str, budgets: &[Option<u32>]) -> Vec<(u64, Result<u64, Code>)> {
+    raw_requests_to(addr, "add_one", budgets).await
+}
+
+async fn raw_requests_to(addr: &str, method: &str, budgets: &[Option<u32>]) -> Vec<(u64, Result<u64, Code>)> {
     let path = addr.strip_prefix("unix://").unwrap();
     let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
     let mut fb = FrameBuilder::new(Limits::default());
     for (i, budget) in budgets.iter().enumerate() {
         let ext = Extensions { deadline_micros: *budget, ..Extensions::NONE };
-        fb.request(i as u64 + 1, 0, &ext, ("deadlines", "add_one"), |b| volley::Wire::encode(&41u64, b))
+        fb.request(i as u64 + 1, 0, &ext, ("deadlines", method), |b| volley::Wire::encode(&41u64, b))
             .unwrap();
     }
     let mut segs = Vec::new();
@@ -116,6 +120,33 @@ async fn a_request_whose_budget_is_spent_is_not_run() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2, "the handler ran for the requests with budget left only");
     assert_eq!(server.expired_requests(), 2);
+    server.shutdown().await;
+}
+
+/// A long group of slow requests read together outlasts their budget: a synchronous handler
+/// stops being called for them once it has passed, and each is still answered once.
+#[tokio::test]
+async fn a_synchronous_handler_is_not_called_for_requests_that_expired_while_their_group_ran() {
+    const SLOW_SYNC: Method<u64, u64> = Method::new("deadlines", "slow_sync");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let server = Server::builder()
+        .handle_fn(&SLOW_SYNC, move |x: u64| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(10));
+            Ok(x + 1)
+        })
+        .build();
+    let addr = server.listen(&address("group")).await.unwrap().to_string();
+
+    // 64 requests of 10 ms each, with 300 ms to live: at least 340 ms of them cannot be run.
+    let answers = raw_requests_to(&addr, "slow_sync", &[Some(300_000); 64]).await;
+    let ok = answers.iter().filter(|(_, r)| *r == Ok(42)).count();
+    let expired = answers.iter().filter(|(_, r)| *r == Err(Code::DeadlineExceeded)).count();
+    assert_eq!((ok + expired, answers.len()), (64, 64), "{answers:?}");
+    assert!(expired > 0, "ok {ok}, expired {expired}");
+    assert_eq!(runs.load(Ordering::SeqCst), ok, "the handler ran for the answered requests only");
+    assert_eq!(server.expired_requests(), expired as u64);
     server.shutdown().await;
 }
 

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use super::Shared;
 use super::batch::poll_now;
 use super::offload::offloaded;
-use super::replies::Replies;
+use super::replies::{Replies, expire};
 use super::running::Running;
 use crate::proto::encode::FrameBuilder;
 use crate::proto::message::as_str;
@@ -28,9 +28,6 @@ use crate::transport::outbox::Outbox;
 
 /// The error a request still running at a shutdown's drain deadline gets. Its handler may have
 /// partly run.
-/// The error of a request whose caller's time budget ran out before its handler answered.
-const EXPIRED: &str = "the caller's deadline passed before the server answered (its time budget ran out)";
-
 /// The error of a request whose client cancelled it while its handler ran.
 const CANCELLED: &str = "the client cancelled the request";
 
@@ -98,12 +95,6 @@ impl GroupDeadline {
             _ => None,
         }
     }
-}
-
-/// Answers `ids` `DeadlineExceeded`, and counts them.
-fn expire(shared: &Shared, out: &mut FrameBuilder, ids: &[u64]) {
-    shared.expired.fetch_add(ids.len() as u64, Ordering::Relaxed);
-    ids.iter().for_each(|&id| out.error(id, Code::DeadlineExceeded, EXPIRED));
 }
 
 /// Runs `f` (a handler's start) with `peer` and `deadline` as what the handler sees of its
@@ -267,12 +258,12 @@ impl Dispatch {
             let group = std::mem::take(&mut self.group);
             offloaded(route.handler.clone(), self.started.clone(), c.shared.config.limits, move |h, out| {
                 let mut group = group;
-                h.serve(&mut group, out)
+                h.serve(&mut group, out, deadline)
             })
         } else {
             let handler = &route.handler;
             let group = &mut self.group;
-            match with_context(&self.peer, deadline, || handler.serve(group, out)) {
+            match with_context(&self.peer, deadline, || handler.serve(group, out, deadline)) {
                 Some(fut) => fut,
                 None => return, // a synchronous handler answered already
             }
