@@ -2,11 +2,9 @@
 //! run the search-engine testbed.
 
 mod bench;
-mod bench_api;
 mod codec_bench;
 mod controller;
 mod echo;
-mod hostile;
 mod idle_bench;
 mod large_bench;
 mod output;
