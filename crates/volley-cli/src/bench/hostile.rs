@@ -182,7 +182,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let (sent, received) = client.stop();
-        assert!(sent >= request_frame("echo", crate::echo::ECHO.name(), 1000, 16).len() as u64, "sent {sent}");
+        assert!(
+            sent >= request_frame("echo", crate::echo::ECHO.name(), 1000, 16).len() as u64,
+            "sent {sent}"
+        );
         assert!(received >= 16_000, "received {received}");
         rt.block_on(server.shutdown());
     }
