@@ -224,7 +224,7 @@ impl Registry {
             transport: {
                 let mut t = i.bootstrap_transport;
                 for c in i.clients.lock().iter().flatten() {
-                    super::instances::add_snapshot(&mut t, &c.counters());
+                    super::pool_stats::add_snapshot(&mut t, &c.counters());
                 }
                 t
             },

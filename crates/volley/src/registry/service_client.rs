@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::connection::Registry;
 use super::hash::hash_key;
-use super::instances::{Balance, Pick, Pool, PoolConfig, PoolStats, add_snapshot};
+use super::instances::{Balance, Pick, Pool, PoolConfig};
+use super::pool_stats::{PoolStats, add_snapshot};
 use super::wire::{Instance, RelayRequest, Target, WatchRequest};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
 use crate::codec::{StableHash, Wire};

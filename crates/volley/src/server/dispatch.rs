@@ -16,7 +16,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
-use super::handler::poll_now;
+use super::batch::poll_now;
 use super::offload::offloaded;
 use super::replies::Replies;
 use crate::proto::encode::FrameBuilder;

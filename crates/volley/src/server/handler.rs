@@ -9,13 +9,14 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, MaybeDone};
 
 use super::Shared;
+use super::batch::{BatchFn, BatchResult};
 use super::local::LocalQueue;
 use super::replies::{Replies, ReplyTo, Results, encode_payload, write_result};
 use crate::chunks::chunks;
@@ -25,10 +26,6 @@ use crate::proto::encode::FrameBuilder;
 use crate::proto::{BatchItems, Code};
 use crate::transport::inproc::{LocalMethod, Started};
 
-/// What a batch handler returns: one result per request, in request order.
-pub type BatchResult<Resp> = Vec<Result<Resp, Status>>;
-
-pub(super) type BatchFn<Req, Resp> = dyn Fn(Vec<Req>) -> BoxFuture<'static, BatchResult<Resp>> + Send + Sync;
 type ItemFn<Req, Resp> = dyn Fn(Req) -> BoxFuture<'static, Result<Resp, Status>> + Send + Sync;
 type SyncFn<Req, Resp> = dyn Fn(Req) -> Result<Resp, Status> + Send + Sync;
 
@@ -49,17 +46,6 @@ pub(crate) struct TypedHandler<Req, Resp> {
     queue: Arc<LocalQueue<Req, Resp>>,
     /// The server, once built: the queue's dispatcher runs on it.
     server: OnceLock<Weak<Shared>>,
-}
-
-/// Runs `fut` once, in place, and returns its output if it is done. Most handlers finish
-/// without waiting, and then their replies go out at once, with no task switch. `None` means
-/// it waits: the caller spawns it, and its task polls it again with a real waker — which is
-/// what makes the no-op waker here safe.
-pub(crate) fn poll_now<T>(fut: &mut BoxFuture<'static, T>) -> Option<T> {
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
 }
 
 impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {

@@ -12,6 +12,7 @@
 //! ```
 
 mod admission;
+mod batch;
 mod conn;
 mod dispatch;
 mod handler;
@@ -43,7 +44,7 @@ use admission::Admission;
 use handler::TypedHandler;
 use router::{Route, Router};
 
-pub use handler::BatchResult;
+pub use batch::BatchResult;
 
 /// Server settings.
 #[derive(Debug, Clone)]
