@@ -57,7 +57,6 @@ impl Decoder {
     }
 
     /// The features the peer's preamble announced (§4.4 of PROTOCOL.md).
-    #[cfg(any(test, feature = "internals"))]
     pub fn peer_features(&self) -> u8 {
         self.peer_features
     }

@@ -28,8 +28,9 @@ pub use decoder::{Decoder, decode_frame};
 pub use encode::FrameBuilder;
 pub use extensions::{Extensions, TraceParent};
 pub use limits::Limits;
-#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
-pub use message::{Kind, Message};
+#[cfg(feature = "internals")]
+pub use message::Kind;
+pub use message::Message;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use preamble::{PREAMBLE, PREAMBLE_LEN, SERVER_PREAMBLE, VERSION};
 

@@ -478,7 +478,7 @@ impl Relay {
             0 => self.base.timeout,
             ms => Duration::from_millis(ms as u64),
         };
-        let opts = CallOptions { timeout: Some(timeout), idempotent: r.idempotent };
+        let opts = CallOptions { timeout: Some(timeout), idempotent: r.idempotent, deadline: None };
         let (service, method, payload) = (&r.service, &r.method, &r.payload);
         pool.call(&route, r.idempotent, |client| {
             let payload = payload.clone();

@@ -250,7 +250,8 @@ impl ServiceClient {
         let reqs: Vec<Req> = reqs.into_iter().collect();
         let n = reqs.len();
         if self.inner.config.mode == Mode::Relayed {
-            let call_opts = CallOptions { timeout: opts.timeout, idempotent: opts.idempotent };
+            let call_opts =
+                CallOptions { timeout: opts.timeout, idempotent: opts.idempotent, deadline: None };
             let calls = reqs.into_iter().map(|r| self.route_call(m, r, call_opts, Pick::Balanced));
             return futures_util::future::join_all(calls).await;
         }

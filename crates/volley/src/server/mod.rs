@@ -255,6 +255,7 @@ impl ServerBuilder {
                 runtime: OnceLock::new(),
                 bound: Mutex::new(Vec::new()),
                 queued: AtomicUsize::new(0),
+                expired: Default::default(),
             }
         });
         Server { shared }
@@ -293,6 +294,8 @@ pub(crate) struct Shared {
     bound: Mutex<Vec<Address>>,
     /// Requests held by handlers that did not finish on their first poll.
     pub(crate) queued: AtomicUsize,
+    /// Requests answered `DeadlineExceeded` because their caller's budget ran out first.
+    pub(crate) expired: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -395,6 +398,13 @@ impl Server {
     /// The server's counters (all connections together).
     pub fn counters(&self) -> Snapshot {
         self.shared.counters.snapshot()
+    }
+
+    /// Requests answered `DeadlineExceeded` because the time budget their caller sent ran out:
+    /// before their handler ran (it never ran for them), or while it was still running (its
+    /// work was dropped).
+    pub fn expired_requests(&self) -> u64 {
+        self.shared.expired.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many connections the server serves and has opening now.
