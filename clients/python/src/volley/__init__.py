@@ -1,0 +1,69 @@
+"""Volley for Python: a client of Volley services, written from docs/PROTOCOL.md.
+
+    import asyncio, volley
+
+    async def main():
+        async with await volley.Client.connect("tcp://127.0.0.1:7411") as client:
+            print(await client.call(volley.Method("echo", "echo"), b"hi"))
+
+    asyncio.run(main())
+
+See the package's README for batches, codecs, errors and the registry.
+"""
+
+from .client import Client, Sequence
+from .codec import (
+    BOOL,
+    F32,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    I128,
+    JSON,
+    MSGPACK,
+    RAW,
+    U8,
+    U16,
+    U32,
+    U64,
+    U128,
+    UNIT,
+    UTF8,
+    Array,
+    Codec,
+    Method,
+    Pod,
+)
+from .errors import (
+    ApplicationError,
+    BadRequestError,
+    CallCancelledError,
+    CallTimeoutError,
+    ClosedError,
+    Code,
+    CodecError,
+    ConnectionLostError,
+    DeadlineExceededError,
+    InternalError,
+    NoInstancesError,
+    NotRegisteredError,
+    OverloadedError,
+    PanickedError,
+    ProtocolError,
+    RemoteError,
+    ShuttingDownError,
+    TooLargeError,
+    UnauthenticatedError,
+    UnknownMethodError,
+    UnknownServiceError,
+    UsageError,
+    VolleyError,
+    error_for,
+)
+from .hashing import HashRing, canonical_bytes, stable_hash
+from .registry import Instance, InstanceSpec, Lease, Registry, Resolved
+from .server import Server
+
+__all__ = [name for name in dir() if not name.startswith("_")]
