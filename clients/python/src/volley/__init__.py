@@ -65,5 +65,6 @@ from .errors import (
 from .hashing import HashRing, canonical_bytes, stable_hash
 from .registry import Instance, InstanceSpec, Lease, Registry, Resolved
 from .server import Server
+from .service_client import ServiceClient
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -4,6 +4,8 @@
     lease = await registry.register([InstanceSpec("search", "tcp://10.0.0.5:7000")], ttl=10.0)
     found = await registry.resolve("search")          # Resolved: epoch, revision, instances
     changed = await registry.watch("search", found)   # answers once the service changed
+    search = await registry.service("search")         # direct calls, as the Rust ServiceClient
+    reply = await registry.relay(TOP, query, key="user-7")  # or through the controller
     await lease.deregister()
     await registry.close()
 
@@ -22,6 +24,9 @@ from typing import Any
 from .client import Client
 from .codec import BOOL, JSON, RAW, U32, UNIT, UTF8, Codec, Method
 from .errors import CodecError, UnknownMethodError, VolleyError
+from .hashing import stable_hash
+from .relay import relay_outcome, relay_request
+from .service_client import ServiceClient
 
 SERVICE = "volley.registry"
 DEFAULT_TTL = 10.0
@@ -146,6 +151,8 @@ class Registry:
         self.client = client
         self.credential = credential
         self._claimed_on: int | None = None
+        # Service clients made here: their watches are closed with the registry.
+        self.services: set[ServiceClient] = set()
 
     @classmethod
     async def connect(cls, address: str, *, credential: str = "", **options: Any) -> "Registry":
@@ -204,6 +211,30 @@ class Registry:
         lease._task = asyncio.get_running_loop().create_task(lease._keep_alive())
         return lease
 
+    async def service(self, name: str, **client_options: Any) -> ServiceClient:
+        """A client of the service ``name`` that calls its instances directly, following the
+        registry's changes (``client_options`` go to each instance's ``Client``)."""
+        service = await ServiceClient(self, name, **client_options).start()
+        self.services.add(service)
+        return service
+
+    async def relay(
+        self, method: Method, request: Any, *, key: Any = None, address: str | None = None,
+        timeout: float | None = None, idempotent: bool = False,
+    ) -> Any:
+        """Calls ``method`` through the controller (§16.4): on the instance that owns ``key``
+        on the ring (``stable_hash``), at ``address``, or else by the controller's balancing."""
+        payload = method.request.encode(request)
+        key_hash = None if key is None else stable_hash(key)
+        budget = self.client.timeout if timeout is None else timeout
+        body = relay_request(
+            method.service, method.name, payload, key_hash=key_hash, address=address,
+            timeout_ms=max(1, int(budget * 1000)), idempotent=idempotent,
+        )
+        # The controller's own deadline is the forwarded call's: allow the hop on top of it.
+        reply = await self._call(RELAY, body, timeout=budget + self.client.timeout)
+        return method.reply.decode(relay_outcome(reply))
+
     async def info(self) -> dict[str, bool]:
         """What the controller requires: ``registration_credential``, ``token``, ``durable``."""
         return await self._call(INFO, None)
@@ -213,6 +244,9 @@ class Registry:
         return await self._call(LIST, None)
 
     async def close(self) -> None:
+        """Closes the service clients made here, then the connection."""
+        for service in list(self.services):
+            await service.close()
         await self.client.close()
 
     async def __aenter__(self) -> "Registry":
