@@ -42,7 +42,7 @@ def to_json(m: tuple) -> dict:
     if kind == proto.ERROR:
         return {"kind": "error", "id": m[1], "code": m[2], "message": m[3]}
     if kind == proto.BATCH_REPLY:
-        items = [{"ok": i[1].hex()} if i[0] else {"code": i[1], "message": i[2]} for i in m[2]]
+        items = [{"ok": i.hex()} if isinstance(i, bytes) else {"code": i[0], "message": i[1]} for i in m[2]]
         return {"kind": "batch_reply", "id": m[1], "items": items}
     if kind == proto.GOAWAY:
         return {"kind": "goaway", "code": m[1], "message": m[2]}

@@ -30,7 +30,6 @@ from .errors import (
     ConnectionLostError,
     ProtocolError,
     TooLargeError,
-    VolleyError,
     error_for,
 )
 from .proto import MAX_BATCH_ITEMS, MAX_FRAME_LEN
@@ -192,22 +191,9 @@ class Client:
         instance that item ended with (an error reply, a decode error, a timeout ...). A failure
         of a whole chunk (an unknown method, a lost connection) is every one of its items'."""
         budget = self._budget(timeout)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
+        deadline = asyncio.get_running_loop().time() + budget
         room = _chunk_room(method)
-        results: list[Any] = []
-        payloads: list[bytes] = []
-        for r in requests:
-            try:
-                p = method.request.encode(r)
-            except CodecError as e:
-                results.append(e)
-                continue
-            if 4 + len(p) > room:
-                results.append(TooLargeError(f"a batch item of {len(p)} bytes does not fit in a frame"))
-                continue
-            payloads.append(p)
-            results.append(None)
+        results, payloads = _encoded(method, list(requests), room)
         positions = [i for i, r in enumerate(results) if r is None]
         conn = await self._connection()
         await conn.writable()
@@ -220,9 +206,13 @@ class Client:
             chunks.append((rid, conn.expect(rid), start, end))
         conn.send_many(messages)
         outcomes = await asyncio.gather(*(_wait(conn, rid, fut, deadline) for rid, fut, _, _ in chunks), return_exceptions=True)
+        decoded = []
         for (_, _, start, end), outcome in zip(chunks, outcomes):
-            for k, item in zip(range(start, end), _items(outcome, end - start)):
-                results[positions[k]] = _decoded(method, item)
+            decoded += _decoded(method, _items(outcome, end - start))
+        if len(positions) == len(results):
+            return decoded
+        for k, value in zip(positions, decoded):
+            results[k] = value
         return results
 
     async def ping(self, timeout: float | None = None) -> float:
@@ -293,8 +283,38 @@ def _chunk_room(method: Method) -> int:
     return MAX_FRAME_LEN - (16 + len(method.names) + 2 + 255)
 
 
+def _encoded(method: Method, requests: list[Any], room: int) -> tuple[list[Any], list[bytes]]:
+    """The payloads that can be sent, and one slot per request: ``None`` where its payload
+    is among them, the exception it failed with otherwise (a value that does not encode, an
+    item too large for a frame)."""
+    encode = method.request.encode
+    try:
+        payloads = [encode(r) for r in requests]
+        if not payloads or 4 + max(map(len, payloads)) <= room:
+            return [None] * len(payloads), payloads
+    except CodecError:
+        pass
+    results: list[Any] = []
+    payloads = []
+    for r in requests:
+        try:
+            p = encode(r)
+        except CodecError as e:
+            results.append(e)
+            continue
+        if 4 + len(p) > room:
+            results.append(TooLargeError(f"a batch item of {len(p)} bytes does not fit in a frame"))
+            continue
+        payloads.append(p)
+        results.append(None)
+    return results, payloads
+
+
 def _chunks(payloads: list[bytes], per_chunk: int, room: int) -> list[tuple[int, int]]:
     """``(start, end)`` of each BatchRequest: at most ``per_chunk`` items and ``room`` bytes."""
+    n = len(payloads)
+    if n and per_chunk * (4 + max(map(len, payloads))) <= room:  # no chunk can be too large
+        return [(i, min(i + per_chunk, n)) for i in range(0, n, per_chunk)]
     out = []
     start, size = 0, 0
     for i, p in enumerate(payloads):
@@ -320,14 +340,24 @@ def _items(outcome: Any, n: int) -> list[Any]:
     return items
 
 
-def _decoded(method: Method, item: Any) -> Any:
-    if isinstance(item, BaseException):
-        return item
-    if not item[0]:
-        return error_for(item[1], item[2])
+def _decoded(method: Method, items: list[Any]) -> list[Any]:
+    """Each item's result: the decoded reply, or the exception it ended with."""
+    decode = method.reply.decode
     try:
-        return method.reply.decode(item[1])
+        return [decode(i) if type(i) is bytes else _failed(i) for i in items]
+    except CodecError:
+        return [_decoded_one(decode, i) for i in items]
+
+
+def _failed(item: Any) -> BaseException:
+    """An item's exception: the chunk's, or the item's own error ``(code, message)``."""
+    return item if isinstance(item, BaseException) else error_for(*item)
+
+
+def _decoded_one(decode, item: Any) -> Any:
+    if type(item) is not bytes:
+        return _failed(item)
+    try:
+        return decode(item)
     except CodecError as e:
-        return e
-    except VolleyError as e:  # pragma: no cover - a codec raising another of ours
         return e

@@ -52,6 +52,8 @@ class _Raw(Codec):
     name = "raw"
 
     def encode(self, value: bytes | bytearray | memoryview) -> bytes:
+        if type(value) is bytes:
+            return value
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise CodecError(f"raw payloads are bytes, not {type(value).__name__}")
         return bytes(value)

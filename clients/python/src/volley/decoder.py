@@ -38,6 +38,7 @@ _ID_LEN = struct.Struct("<QI").unpack_from
 _CODE_LEN = struct.Struct("<HI").unpack_from
 
 TRUNCATED = "malformed message: message runs past the end of its frame"
+BATCH_ITEM_PAST_END = "malformed message: batch item runs past the end of its message"
 
 
 def _utf8(b: bytes, what: str) -> str:
@@ -164,46 +165,43 @@ class Decoder:
         end = len(b)
         for _ in range(count):
             if pos + 4 > end:
-                raise WireError("malformed message: batch item runs past the end of its message")
+                raise WireError(BATCH_ITEM_PAST_END)
             n = _U32(b, pos)[0]
             pos += 4
             if pos + n > end:
-                raise WireError("malformed message: batch item runs past the end of its message")
+                raise WireError(BATCH_ITEM_PAST_END)
             items.append(b[pos : pos + n])
             pos += n
         return (BATCH_REQUEST, flags, rid, service, method, ext, items), pos
 
     def batch_reply(self, b: bytes, pos: int) -> tuple[tuple, int]:
+        """Items as ``bytes`` (ok) or ``(code, message)`` (error). The loop is the batch
+        path's cost per item, so it leans on ``struct`` raising at the frame's end rather
+        than checking first (``frame`` turns that into the truncation error)."""
         rid, count = _ID_LEN(b, pos)
         if count > self.max_batch_items:
             raise WireError(f"batch message carries more than {self.max_batch_items} items")
         pos += 12
         end = len(b)
-        items = []
+        items: list = []
         append = items.append
-        bad = "malformed message: batch item runs past the end of its message"
+        u32, code_len = _U32, _CODE_LEN
         for _ in range(count):
-            if pos + 5 > end:
-                raise WireError(bad)
             status = b[pos]
             if status == 0:
-                n = _U32(b, pos + 1)[0]
-                pos += 5
-                if pos + n > end:
-                    raise WireError(bad)
-                append((True, b[pos : pos + n]))
-                pos += n
+                stop = pos + 5 + u32(b, pos + 1)[0]
+                if stop > end:
+                    raise WireError(BATCH_ITEM_PAST_END)
+                append(b[pos + 5 : stop])
             elif status == 1:
-                if pos + 7 > end:
-                    raise WireError(bad)
-                code, n = _CODE_LEN(b, pos + 1)
-                pos += 7
-                if pos + n > end:
-                    raise WireError(bad)
-                append((False, code, _utf8(b[pos : pos + n], "error message")))
-                pos += n
+                code, n = code_len(b, pos + 1)
+                stop = pos + 7 + n
+                if stop > end:
+                    raise WireError(BATCH_ITEM_PAST_END)
+                append((code, _utf8(b[pos + 7 : stop], "error message")))
             else:
                 raise WireError(f"malformed message: unknown batch item status 0x{status:02x}")
+            pos = stop
         return (BATCH_REPLY, rid, items), pos
 
 

@@ -7,7 +7,7 @@ of every complete frame, as tuples whose first element is the kind:
     (REQUEST, flags, id, service, method, extensions, payload)
     (BATCH_REQUEST, flags, id, service, method, extensions, [payload, ...])
     (REPLY, id, payload)                (ERROR, id, code, message)
-    (BATCH_REPLY, id, [item, ...])      item: (True, payload) or (False, code, message)
+    (BATCH_REPLY, id, [item, ...])      item: payload (bytes) or (code, message)
     (CANCEL, id)   (PING, token)   (PONG, token)   (GOAWAY, code, message)   (AUTH, token)
 
 ``extensions`` is an ``Extensions`` (or ``NO_EXTENSIONS``). Every limit of §5.2 is checked and
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from itertools import chain
 
 MAGIC = b"VLLY"
 VERSION = 1
@@ -132,12 +133,10 @@ def request_message(rid: int, flags: int, names: bytes, payload: bytes, ext: Ext
 def batch_request_message(
     rid: int, flags: int, names: bytes, payloads: list[bytes], ext: Extensions | None = None
 ) -> bytes:
-    parts = [addressed(BATCH_REQUEST, flags, rid, names, ext), _U32.pack(len(payloads))]
     pack = _U32.pack
-    for p in payloads:
-        parts.append(pack(len(p)))
-        parts.append(p)
-    return b"".join(parts)
+    head = addressed(BATCH_REQUEST, flags, rid, names, ext) + pack(len(payloads))
+    # Each item's length, then the item: interleaved at C speed (this is the per-item cost).
+    return head + b"".join(chain.from_iterable(zip(map(pack, map(len, payloads)), payloads)))
 
 
 def reply_message(rid: int, payload: bytes) -> bytes:
