@@ -8,6 +8,7 @@ import random
 import socket
 import struct
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -222,3 +223,15 @@ def test_a_call_times_out_when_the_server_never_answers():
             await client.close(timeout=1)
 
     run(main())
+
+
+def test_the_blocking_client_calls_from_several_threads(echo_server):
+    with volley.blocking.Client(echo_server.address) as client:
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda i: client.call(ECHO, bytes([i])), range(100)))
+        assert replies == [bytes([i]) for i in range(100)]
+        assert client.call_batch(ECHO, [b"a", b"b"]) == [b"a", b"b"]
+        with pytest.raises(volley.UnknownServiceError):
+            client.call(volley.Method("nope", "echo"), b"")
+    with pytest.raises(volley.ConnectionLostError):
+        volley.blocking.Client("tcp://127.0.0.1:1")

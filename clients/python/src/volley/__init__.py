@@ -11,6 +11,7 @@
 See the package's README for batches, codecs, errors and the registry.
 """
 
+from . import blocking
 from .client import Client, Sequence
 from .codec import (
     BOOL,
