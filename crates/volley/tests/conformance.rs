@@ -23,7 +23,7 @@ fn vectors(file: &str) -> Value {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex string {s}");
+    assert!(s.len().is_multiple_of(2), "odd hex string {s}");
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
@@ -98,11 +98,12 @@ fn str_of<'a>(v: &'a Value, field: &str) -> &'a str {
 }
 
 fn ext_of(v: &Value) -> Extensions {
-    let mut ext = Extensions::default();
-    ext.deadline_micros = v.get("deadline_micros").map(|d| d.as_u64().unwrap() as u32);
-    ext.trace_parent =
-        v.get("traceparent").map(|t| TraceParent::from_bytes(&unhex(t.as_str().unwrap())).unwrap());
-    ext
+    Extensions {
+        deadline_micros: v.get("deadline_micros").map(|d| d.as_u64().unwrap() as u32),
+        trace_parent: v
+            .get("traceparent")
+            .map(|t| TraceParent::from_bytes(&unhex(t.as_str().unwrap())).unwrap()),
+    }
 }
 
 /// Appends the message `v` describes to `fb`, with the builder call for its kind.
