@@ -113,7 +113,9 @@ async def main(binary: str, rounds: int) -> None:
     med = {k: statistics.median(v) for k, v in figures.items()}
     for k, v in med.items():
         print(f"{k:10} {v:12,.0f} items/s   (rounds: {', '.join(f'{x:,.0f}' for x in figures[k])})")
-    print(f"batch / socket = {med['batch'] / med['socket']:.2f}; pipelined / socket = {med['pipelined'] / med['socket']:.3f}")
+    print(
+        f"batch / socket = {med['batch'] / med['socket']:.2f}; pipelined / socket = {med['pipelined'] / med['socket']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -131,7 +131,8 @@ def test_keys_hash_and_route_on_the_ring_as_listed():
         h = stable_hash(bytes.fromhex(pick["key"]))
         assert f"{h:016x}" == pick["hash"]
         assert ring.node(h) == pick["node"]
-        assert ring.node(h, skip=lambda i: i == pick["node"]) == pick["node_without_it"]
+        owner = pick["node"]
+        assert ring.node(h, skip=lambda i, owner=owner: i == owner) == pick["node_without_it"]
 
 
 @pytest.mark.parametrize("case", WIRE["echo_server"], ids=names(WIRE["echo_server"]))

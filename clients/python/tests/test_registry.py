@@ -116,7 +116,9 @@ def test_a_rust_client_calls_a_service_python_registered(controller):
         async def main():
             async with await Registry.connect(controller.address) as registry:
                 lease = await registry.register([InstanceSpec("pyregistered", server.address)])
-                report = await asyncio.to_thread(run_bench, "--registry", controller.address, "--service", "pyregistered")
+                report = await asyncio.to_thread(
+                    run_bench, "--registry", controller.address, "--service", "pyregistered"
+                )
                 assert report["registry_mode"] == "direct", report
                 await lease.deregister()
                 return report
@@ -124,4 +126,3 @@ def test_a_rust_client_calls_a_service_python_registered(controller):
         run(main())
     finally:
         server.stop()
-

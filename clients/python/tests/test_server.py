@@ -163,4 +163,3 @@ def test_the_rust_client_calls_the_python_server(controller):
             assert report["registry_mode"] == "direct", report
 
     run(main())
-

@@ -129,6 +129,7 @@ class Client:
     async def _open(self) -> Connection:
         """A new connection, once the server's preamble has arrived (so every request knows
         whether it may carry extensions, §4.4)."""
+
         async def opened() -> Connection:
             _, conn = await open_connection(self.address, lambda: Connection(self.token), self.ssl)
             await conn.ready
@@ -137,7 +138,9 @@ class Client:
         try:
             conn = await asyncio.wait_for(opened(), self.connect_timeout)
         except asyncio.TimeoutError:
-            raise ConnectionLostError(f"connecting to {self.address} timed out after {self.connect_timeout} s") from None
+            raise ConnectionLostError(
+                f"connecting to {self.address} timed out after {self.connect_timeout} s"
+            ) from None
         except (OSError, ssl_module.SSLError) as e:
             raise ConnectionLostError(f"cannot connect to {self.address}: {e}") from None
         return conn
@@ -154,14 +157,18 @@ class Client:
             return None
         return proto.Extensions(deadline_micros=min(int(budget * 1e6), proto.MAX_DEADLINE_MICROS))
 
-    async def call(self, method: Method, request: Any, *, timeout: float | None = None, idempotent: bool = False) -> Any:
+    async def call(
+        self, method: Method, request: Any, *, timeout: float | None = None, idempotent: bool = False
+    ) -> Any:
         """Sends one request and returns the decoded reply, or raises (``RemoteError`` for an
         error reply, ``CallTimeoutError``, ``ConnectionLostError`` ...)."""
         payload = method.request.encode(request)
         reply = await self.call_raw(method, payload, timeout=timeout, idempotent=idempotent)
         return method.reply.decode(reply)
 
-    async def call_raw(self, method: Method, payload: bytes, *, timeout: float | None = None, idempotent: bool = False) -> bytes:
+    async def call_raw(
+        self, method: Method, payload: bytes, *, timeout: float | None = None, idempotent: bool = False
+    ) -> bytes:
         """``call`` with the payloads as bytes, not encoded or decoded here."""
         budget = self._budget(timeout)
         deadline = asyncio.get_running_loop().time() + budget
@@ -205,7 +212,9 @@ class Client:
             messages.append(proto.batch_request_message(rid, flags, method.names, payloads[start:end], ext))
             chunks.append((rid, conn.expect(rid), start, end))
         conn.send_many(messages)
-        outcomes = await asyncio.gather(*(_wait(conn, rid, fut, deadline) for rid, fut, _, _ in chunks), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(_wait(conn, rid, fut, deadline) for rid, fut, _, _ in chunks), return_exceptions=True
+        )
         decoded = []
         for (_, _, start, end), outcome in zip(chunks, outcomes):
             decoded += _decoded(method, _items(outcome, end - start))

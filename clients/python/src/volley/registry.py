@@ -27,6 +27,7 @@ from .errors import CodecError, UnknownMethodError, VolleyError
 from .hashing import stable_hash
 from .relay import relay_outcome, relay_request
 from .service_client import ServiceClient
+from .tasks import cancel_and_wait
 
 SERVICE = "volley.registry"
 DEFAULT_TTL = 10.0
@@ -189,7 +190,9 @@ class Registry:
         """The service's instances now. ``known`` is false if it never registered."""
         return Resolved.from_json(await self._call(RESOLVE, service))
 
-    async def watch(self, service: str, since: Resolved | None = None, *, timeout: float = DEFAULT_WATCH_TIMEOUT) -> Resolved:
+    async def watch(
+        self, service: str, since: Resolved | None = None, *, timeout: float = DEFAULT_WATCH_TIMEOUT
+    ) -> Resolved:
         """Waits until the service changes after ``since`` (answers at once without it, or if
         the controller restarted since), or until ``timeout`` seconds pass: then the answer
         is the unchanged state (compare its ``revision``)."""
@@ -219,8 +222,14 @@ class Registry:
         return service
 
     async def relay(
-        self, method: Method, request: Any, *, key: Any = None, address: str | None = None,
-        timeout: float | None = None, idempotent: bool = False,
+        self,
+        method: Method,
+        request: Any,
+        *,
+        key: Any = None,
+        address: str | None = None,
+        timeout: float | None = None,
+        idempotent: bool = False,
     ) -> Any:
         """Calls ``method`` through the controller (§16.4): on the instance that owns ``key``
         on the ring (``stable_hash``), at ``address``, or else by the controller's balancing."""
@@ -228,8 +237,13 @@ class Registry:
         key_hash = None if key is None else stable_hash(key)
         budget = self.client.timeout if timeout is None else timeout
         body = relay_request(
-            method.service, method.name, payload, key_hash=key_hash, address=address,
-            timeout_ms=max(1, int(budget * 1000)), idempotent=idempotent,
+            method.service,
+            method.name,
+            payload,
+            key_hash=key_hash,
+            address=address,
+            timeout_ms=max(1, int(budget * 1000)),
+            idempotent=idempotent,
         )
         # The controller's own deadline is the forwarded call's: allow the hop on top of it.
         reply = await self._call(RELAY, body, timeout=budget + self.client.timeout)
@@ -317,17 +331,11 @@ class Lease:
 
     async def stop(self) -> None:
         """Stops renewing (the lease lapses after its ttl)."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def deregister(self) -> int:
         """Stops renewing and revokes the lease; returns how many instances it removed."""
         await self.stop()
         request = {"lease": self.lease, "credential": self.registry.credential}
         return await self.registry._call(DEREGISTER, request)
-

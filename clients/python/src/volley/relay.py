@@ -16,8 +16,14 @@ FLAG_IDEMPOTENT = 0x01
 
 
 def relay_request(
-    service: str, method: str, payload: bytes, *, key_hash: int | None = None, address: str | None = None,
-    timeout_ms: int = 0, idempotent: bool = False,
+    service: str,
+    method: str,
+    payload: bytes,
+    *,
+    key_hash: int | None = None,
+    address: str | None = None,
+    timeout_ms: int = 0,
+    idempotent: bool = False,
 ) -> bytes:
     """The ``RelayRequest`` bytes: flags, target, timeout, names, then the payload as it is."""
     if key_hash is not None and address is not None:

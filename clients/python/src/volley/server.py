@@ -64,7 +64,9 @@ class Route:
             return [out] * len(values)
         out = list(out)
         if len(out) != len(values):
-            err = RemoteError(f"the batch handler returned {len(out)} results for {len(values)} requests", Code.INTERNAL)
+            err = RemoteError(
+                f"the batch handler returned {len(out)} results for {len(values)} requests", Code.INTERNAL
+            )
             return [err] * len(values)
         return out
 
@@ -151,7 +153,9 @@ class Server:
             return (Code.UNKNOWN_METHOD, f'service "{service}" has no method "{method}"')
         return (Code.UNKNOWN_SERVICE, f'no service named "{service}"')
 
-    async def register(self, registry: str, *, ttl: float = 10.0, advertise: str | None = None, **options: Any) -> Lease:
+    async def register(
+        self, registry: str, *, ttl: float = 10.0, advertise: str | None = None, **options: Any
+    ) -> Lease:
         """Registers every service at the address it listens on (or ``advertise``) with the
         registry controller at ``registry``, under one lease renewed until ``shutdown``.
         ``options`` go to ``Registry.connect`` (``credential``, ``token``)."""
@@ -182,7 +186,10 @@ class Server:
             listener.close()
         conns = list(self.connections)
         if conns:
-            await asyncio.wait([asyncio.ensure_future(c.go_away(Code.SHUTTING_DOWN, "server is shutting down")) for c in conns], timeout=timeout)
+            await asyncio.wait(
+                [asyncio.ensure_future(c.go_away(Code.SHUTTING_DOWN, "server is shutting down")) for c in conns],
+                timeout=timeout,
+            )
         for listener in self._listeners:
             await listener.wait_closed()
         self._listeners.clear()
@@ -192,4 +199,3 @@ class Server:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.shutdown()
-

@@ -94,7 +94,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _dispatch(self, messages: list[tuple]) -> None:
         run: list[tuple] = []  # consecutive requests for one method
-        for i, m in enumerate(messages):
+        for m in messages:
             if self.stopped:
                 return
             kind = m[0]
@@ -123,7 +123,11 @@ class ServerConnection(asyncio.Protocol):
         if m[0] == AUTH and any(hmac.compare_digest(m[1], t) for t in self.server.tokens):
             self.authed = True
             return
-        why = "the token presented is not accepted" if m[0] == AUTH else "this server requires a token (none was presented)"
+        why = (
+            "the token presented is not accepted"
+            if m[0] == AUTH
+            else "this server requires a token (none was presented)"
+        )
         self._spawn(self.go_away(Code.UNAUTHENTICATED, why))
 
     def _serve_run(self, run: list[tuple]) -> None:

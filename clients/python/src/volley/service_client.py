@@ -23,6 +23,7 @@ from .client import Client
 from .codec import Method
 from .errors import ConnectionLostError, NoInstancesError, NotRegisteredError, UsageError, VolleyError
 from .hashing import HashRing, stable_hash
+from .tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from .registry import Instance, Registry, Resolved
@@ -116,7 +117,9 @@ class ServiceClient:
             self._clients[address] = c
         return c
 
-    async def call(self, method: Method, request: Any, *, key: Any = None, idempotent: bool = False, **options: Any) -> Any:
+    async def call(
+        self, method: Method, request: Any, *, key: Any = None, idempotent: bool = False, **options: Any
+    ) -> Any:
         """Calls ``method`` on the instance ``pick`` chooses (see ``Client.call``)."""
         first = self.pick(key)
         try:
@@ -133,12 +136,8 @@ class ServiceClient:
 
     async def close(self) -> None:
         self.registry.services.discard(self)
-        if self._watch is not None:
-            self._watch.cancel()
-            try:
-                await self._watch
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._watch)
+        self._watch = None
         for c in self._clients.values():
             await c.close()
         self._clients.clear()
