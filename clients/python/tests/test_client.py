@@ -34,6 +34,10 @@ def test_single_calls_echo_payloads_byte_for_byte(echo_server):
             for n in sizes:
                 payload = rng.randbytes(n)
                 assert await client.call(ECHO, payload) == payload, n
+            # A request that cannot fit in a frame is refused here, and nothing is sent.
+            with pytest.raises(volley.TooLargeError):
+                await client.call(ECHO, bytes(proto.MAX_FRAME_LEN))
+            assert await client.call(ECHO, b"after") == b"after"
 
     run(main())
 

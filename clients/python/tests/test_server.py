@@ -35,6 +35,7 @@ def math_server() -> Server:
     server = Server()
     server.handle(ECHO, slow_echo)
     server.handle(HALVE, halve)
+    server.handle(Method("math", "big", JSON, volley.RAW), lambda n: bytes(n))
     server.handle_batch(SUM, lambda lists: [sum(x) if isinstance(x, list) else ValueError("not a list") for x in lists])
     return server
 
@@ -83,6 +84,9 @@ def test_the_python_server_answers_unknown_names_bad_payloads_and_pings():
                     await client.call(Method("math", "halve"), b"\x01\x02")  # 2 bytes, not a u32
                 assert await client.ping() >= 0
                 assert client.server_accepts_extensions is True
+                with pytest.raises(volley.TooLargeError):
+                    await client.call(Method("math", "big", JSON, volley.RAW), 1 << 24)  # 16 MiB + header
+                assert await client.call(HALVE, 4) == 2  # and the connection goes on
 
     run(main())
 

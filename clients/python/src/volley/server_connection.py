@@ -142,7 +142,10 @@ class ServerConnection(asyncio.Protocol):
         results = await route.serve(payloads)
         out = []
         for rid, r in zip(ids, results):
-            out.append(proto.reply_message(rid, r[1]) if r[0] else proto.error_message(rid, r[1], r[2]))
+            m = proto.reply_message(rid, r[1]) if r[0] else proto.error_message(rid, r[1], r[2])
+            if len(m) > proto.MAX_FRAME_LEN:  # a message must fit in a frame (§5.2)
+                m = proto.error_message(rid, Code.TOO_LARGE, f"a reply of {len(m)} bytes does not fit in a frame")
+            out.append(m)
         self.outbox.send_many(out)
 
     def _serve_batch(self, m: tuple) -> None:
@@ -154,7 +157,7 @@ class ServerConnection(asyncio.Protocol):
 
     async def _answer_batch(self, route, rid: int, payloads: list[bytes]) -> None:
         message = proto.batch_reply_message(rid, await route.serve(payloads))
-        if len(message) + 4 > proto.MAX_FRAME_LEN:
+        if len(message) > proto.MAX_FRAME_LEN:
             message = proto.error_message(rid, Code.TOO_LARGE, "the batch reply does not fit in a frame")
         self.outbox.send(message)
 
