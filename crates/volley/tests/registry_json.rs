@@ -221,7 +221,8 @@ async fn a_bitcode_request_is_answered_bad_request_naming_the_json_encoding() {
     controller.shutdown().await;
 }
 
-/// The reply of `resolve` as a controller that spoke bitcode sent it.
+/// What a bitcode-era controller's `resolve` answered: service, epoch, revision, known,
+/// settling and the instances (left empty here).
 type OldResolved = BitcodeSerde<(String, u64, u64, bool, bool, Vec<u8>)>;
 
 #[tokio::test]
