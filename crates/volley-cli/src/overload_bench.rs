@@ -39,6 +39,10 @@ pub struct OverloadArgs {
     /// Rounds; each runs both settings, one after the other. Medians are reported.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// The client's bound on calls in flight (its default: 65,536). Calls beyond it wait in
+    /// the client, where their own timeout ends them, instead of queueing before the server.
+    #[arg(long)]
+    max_in_flight: Option<usize>,
 }
 
 /// What one overload run measured.
@@ -66,8 +70,14 @@ pub fn run(args: OverloadArgs) -> Result<(), String> {
         }
     }
     println!(
-        "overload: handler {} µs, {}× capacity for {} s, deadline {} ms; medians of {} rounds\n",
-        args.work_us, args.factor, args.seconds, args.deadline_ms, args.rounds
+        "overload: handler {} µs, {}× capacity for {} s, deadline {} ms, client in flight at most {}; \
+         medians of {} rounds\n",
+        args.work_us,
+        args.factor,
+        args.seconds,
+        args.deadline_ms,
+        args.max_in_flight.map_or("65,536 (default)".to_string(), |n| n.to_string()),
+        args.rounds
     );
     println!(
         "| deadlines to the server | capacity (calls/s) | offered | goodput | goodput / capacity | wasted handler runs | expired at the server | recovery |"
@@ -143,7 +153,10 @@ async fn measure(
     runs: &AtomicU64,
     server: &Server,
 ) -> Result<Run, String> {
-    let config = ClientConfig::default().send_deadlines(deadlines);
+    let mut config = ClientConfig::default().send_deadlines(deadlines);
+    if let Some(n) = args.max_in_flight {
+        config = config.max_in_flight(n);
+    }
     let client = Client::connect_with(addr, config).await.map_err(|e| e.to_string())?;
     let quiet = probe_median(&client, 50).await?;
     let capacity = capacity(&client, Duration::from_secs(2)).await?;

@@ -339,3 +339,37 @@ async fn a_dropped_call_stops_its_handler() {
     assert_eq!(client.call(&ADD_ONE, 1).await.unwrap(), 2);
     server.shutdown().await;
 }
+
+/// A call that waits for room under the client's in-flight bound waits no longer than its own
+/// timeout (and is then never sent).
+#[tokio::test]
+async fn a_call_waiting_for_room_gives_up_at_its_timeout() {
+    let (runs, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let server = counting_server(runs.clone(), dropped.clone());
+    let addr = server.listen(&address("room")).await.unwrap().to_string();
+    let client = Client::connect_with(&addr, ClientConfig::default().max_in_flight(1)).await.unwrap();
+    let hog = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client.call_with(&HANG, 0, CallOptions::default().timeout(Duration::from_secs(60))).await
+        })
+    };
+    wait_until(Duration::from_secs(10), "the hanging call to hold the one place", || {
+        client.pending_calls() == 1
+    })
+    .await;
+
+    let t0 = Instant::now();
+    let r = client.call_with(&ADD_ONE, 1, CallOptions::default().timeout(Duration::from_millis(200))).await;
+    assert_eq!(r, Err(Error::Timeout(Duration::from_millis(200))));
+    assert!(t0.elapsed() < Duration::from_secs(20), "waited {:?} for room", t0.elapsed());
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the call that found no room was sent");
+    // Dropping the hanging call cancels it, which stops its handler: the server can then
+    // shut down gracefully (it waits for running handlers).
+    hog.abort();
+    wait_until(Duration::from_secs(10), "the cancelled handler to be dropped", || {
+        dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    server.shutdown().await;
+}

@@ -100,14 +100,28 @@ impl FlowControl {
         }
     }
 
-    /// Waits until `n` more items and some bytes may be in flight.
-    async fn admit(&self, n: usize) -> Result<SemaphorePermit<'_>, Error> {
+    /// Room for `n` more items now, if there is some (`None`: wait for it with `admit`).
+    fn try_admit(&self, n: usize) -> Result<Option<SemaphorePermit<'_>>, Error> {
+        self.check(n)?;
+        match self.items.try_acquire_many(n as u32) {
+            Ok(p) if self.bytes.load(Ordering::Acquire) <= self.max_bytes => Ok(Some(p)),
+            _ => Ok(None),
+        }
+    }
+
+    fn check(&self, n: usize) -> Result<(), Error> {
         if n > self.max_items {
             return Err(Error::Usage(format!(
                 "a call of {n} items exceeds the connection's in-flight bound of {} (use smaller chunks)",
                 self.max_items
             )));
         }
+        Ok(())
+    }
+
+    /// Waits until `n` more items and some bytes may be in flight.
+    async fn admit(&self, n: usize) -> Result<SemaphorePermit<'_>, Error> {
+        self.check(n)?;
         let permit = match self.items.try_acquire_many(n as u32) {
             Ok(p) => p,
             Err(_) => self.items.acquire_many(n as u32).await.map_err(|_| Error::Closed)?,
@@ -371,18 +385,16 @@ impl StreamConn {
         flags: u8,
         timeout: Duration,
     ) -> Result<Resp, Error> {
-        let ext = self.extensions(timeout);
         let reply = self
-            .roundtrip(id, next_id, 1, timeout, |fb, id| match req.as_bytes() {
+            .roundtrip(id, next_id, 1, timeout, |fb, id, ext| match req.as_bytes() {
                 Some(b) if b.len() >= ZERO_COPY_MIN => {
-                    fb.request_bytes(id, flags, &ext, (m.service(), m.name()), b).map_err(build_error)
+                    fb.request_bytes(id, flags, ext, (m.service(), m.name()), b).map_err(build_error)
                 }
                 _ => fb
-                    .request(id, flags, &ext, (m.service(), m.name()), |buf| req.encode(buf))
+                    .request(id, flags, ext, (m.service(), m.name()), |buf| req.encode(buf))
                     .map_err(build_error),
             })
-            .await
-            .map_err(|e| timed_out(e, &ext, timeout))?;
+            .await?;
         match reply {
             Reply::One(payload) => Resp::decode(payload).map_err(|e| Error::Decode(e.0)),
             Reply::Batch(_) => Err(Error::Decode("the server sent a batch reply to a single request".into())),
@@ -401,14 +413,12 @@ impl StreamConn {
         flags: u8,
         timeout: Duration,
     ) -> Result<Vec<Result<Resp, Error>>, Error> {
-        let ext = self.extensions(timeout);
         let reply = self
-            .roundtrip(id, next_id, items.len(), timeout, |fb, id| {
-                fb.batch_request(id, flags, &ext, (m.service(), m.name()), items, |r, buf| r.encode(buf))
+            .roundtrip(id, next_id, items.len(), timeout, |fb, id, ext| {
+                fb.batch_request(id, flags, ext, (m.service(), m.name()), items, |r, buf| r.encode(buf))
                     .map_err(build_error)
             })
-            .await
-            .map_err(|e| timed_out(e, &ext, timeout))?;
+            .await?;
         let Reply::Batch(replies) = reply else {
             return Err(Error::Decode("the server sent a single reply to a batch request".into()));
         };
@@ -428,18 +438,43 @@ impl StreamConn {
     }
 
     /// The path every request takes: wait for room, register a waiter, queue the message
-    /// (`push` encodes it under id `id`), wait for the outcome.
+    /// (`push` encodes it under id `id`, with its extensions), wait for the outcome.
     async fn roundtrip(
         &self,
         id: u64,
         next_id: impl FnMut() -> u64,
         items: usize,
         timeout: Duration,
+        push: impl FnOnce(&mut FrameBuilder, u64, &Extensions) -> Result<(), Error>,
+    ) -> Result<Reply, Error> {
+        // A call that finds no room waits for it within its timeout, and has what is left of
+        // the timeout once admitted: under overload, callers queued here give up on time
+        // instead of being sent late, to a server that would work on them for nobody.
+        let (_permit, left) = match self.flow.try_admit(items)? {
+            Some(permit) => (permit, timeout),
+            None => {
+                let t0 = Instant::now();
+                let admitted = tokio::time::timeout(timeout, self.flow.admit(items)).await;
+                (admitted.map_err(|_| Error::Timeout(timeout))??, timeout.saturating_sub(t0.elapsed()))
+            }
+        };
+        let ext = self.extensions(left);
+        let outcome = self.send_and_wait(id, next_id, timeout, left, |fb, id| push(fb, id, &ext)).await;
+        outcome.map_err(|e| timed_out(e, &ext, timeout))
+    }
+
+    /// Registers a waiter that gives up after `left` (reporting the call's `timeout`), queues
+    /// the message, and waits for the outcome.
+    async fn send_and_wait(
+        &self,
+        id: u64,
+        next_id: impl FnMut() -> u64,
+        timeout: Duration,
+        left: Duration,
         push: impl FnOnce(&mut FrameBuilder, u64) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
-        let _permit = self.flow.admit(items).await?;
         let (tx, rx) = waiter();
-        let deadline = coarsetime::Instant::now() + coarsetime::Duration::from(timeout);
+        let deadline = coarsetime::Instant::now() + coarsetime::Duration::from(left);
         let Inserted { id, wake_sweeper } = self.pending.insert(id, tx, deadline, timeout, next_id)?;
         if wake_sweeper {
             self.sweeper.wake.notify_one();
@@ -485,13 +520,11 @@ impl StreamConn {
         flags: u8,
         timeout: Duration,
     ) -> Result<bytes::Bytes, Error> {
-        let ext = self.extensions(timeout);
         let reply = self
-            .roundtrip(id, next_id, 1, timeout, |fb, id| {
-                fb.request_bytes(id, flags, &ext, (service, method), payload).map_err(build_error)
+            .roundtrip(id, next_id, 1, timeout, |fb, id, ext| {
+                fb.request_bytes(id, flags, ext, (service, method), payload).map_err(build_error)
             })
-            .await
-            .map_err(|e| timed_out(e, &ext, timeout))?;
+            .await?;
         match reply {
             Reply::One(payload) => Ok(payload),
             Reply::Batch(_) => Err(Error::Decode("the server sent a batch reply to a single request".into())),
