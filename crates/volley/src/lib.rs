@@ -45,12 +45,14 @@
 //! balancing, key routing, failover, scatter-gather). `docs/ARCHITECTURE.md` tells the whole
 //! story; `docs/SERVICES.md` is the guide to services.
 
+mod admin;
 mod chunks;
 mod client;
 pub mod codec;
 mod error;
 mod liveness;
 mod method;
+mod metrics;
 pub mod registry;
 mod server;
 pub mod service;

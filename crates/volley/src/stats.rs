@@ -12,6 +12,8 @@ pub struct Counters {
     frames_received: AtomicU64,
     messages_received: AtomicU64,
     bytes_received: AtomicU64,
+    /// Messages per frame, kept per read and per write.
+    pub(crate) frame_sizes: crate::metrics::scrape::FrameSizes,
 }
 
 /// A copy of the counters at one moment.
@@ -31,12 +33,18 @@ impl Counters {
         self.frames_sent.fetch_add(frames, Relaxed);
         self.messages_sent.fetch_add(messages, Relaxed);
         self.bytes_sent.fetch_add(bytes, Relaxed);
+        if frames > 0 {
+            self.frame_sizes.written.record(messages / frames, frames);
+        }
     }
 
     pub(crate) fn received(&self, frames: u64, messages: u64, bytes: u64) {
         self.frames_received.fetch_add(frames, Relaxed);
         self.messages_received.fetch_add(messages, Relaxed);
         self.bytes_received.fetch_add(bytes, Relaxed);
+        if frames > 0 {
+            self.frame_sizes.read.record(messages / frames, frames);
+        }
     }
 
     pub fn snapshot(&self) -> Snapshot {

@@ -27,6 +27,7 @@ use tokio::runtime::Handle;
 use crate::codec::Wire;
 use crate::error::Error;
 use crate::method::Method;
+use crate::metrics::{self, CallMeter};
 use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
 use crate::stats::{Counters, Snapshot};
@@ -73,6 +74,9 @@ pub struct ClientConfig {
     #[cfg(feature = "tls")]
     #[setters(strip_option)]
     pub tls: Option<crate::transport::tls::TlsClient>,
+    /// Whether this client's calls count in the process's per-method client metrics (calls,
+    /// errors, latency, in flight, batch sizes; shown by a server's admin endpoint). Default on.
+    pub metrics: bool,
 }
 
 impl Default for ClientConfig {
@@ -89,6 +93,7 @@ impl Default for ClientConfig {
             keepalive: Some(crate::Keepalive::default()),
             #[cfg(feature = "tls")]
             tls: None,
+            metrics: true,
         }
     }
 }
@@ -175,6 +180,18 @@ impl Client {
 
     /// Calls `m` with per-call options.
     pub async fn call_with<Req: Wire, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        opts: CallOptions,
+    ) -> Result<Resp, Error> {
+        let meter = self.inner.meter(m, 1);
+        let result = self.call_unmetered(m, req, opts).await;
+        meter.map(|meter| meter.finish(&result));
+        result
+    }
+
+    async fn call_unmetered<Req: Wire, Resp: Wire>(
         &self,
         m: &Method<Req, Resp>,
         req: Req,
@@ -280,6 +297,12 @@ impl Client {
 }
 
 impl Inner {
+    /// Starts measuring `n` calls of `m`, if this client keeps metrics.
+    #[inline]
+    fn meter<Req, Resp>(&self, m: &Method<Req, Resp>, n: usize) -> Option<CallMeter> {
+        self.config.metrics.then(|| CallMeter::start(metrics::client::method(m.service(), m.name()), n))
+    }
+
     /// Request ids are the client id (upper half) and a per-client sequence (lower half).
     /// The sequence wraps; the pending table skips any id still in use.
     fn next_id(&self) -> u64 {
