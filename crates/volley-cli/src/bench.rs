@@ -108,6 +108,10 @@ pub struct BenchArgs {
     /// The token to present to the server and the registry (environment: VOLLEY_TOKEN).
     #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Keep no per-method metrics in the in-process server and the callers (they are on by
+    /// default): run with and without it to measure what they cost.
+    #[arg(long)]
+    no_metrics: bool,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -320,9 +324,12 @@ struct Local {
 
 impl Local {
     async fn start(args: &BenchArgs, mode: RegistryMode, api: Api) -> Result<(Target, Local), String> {
-        let tls = |b: volley::ServerBuilder| match args.transport {
-            Transport::Tls => b.tls(bench_tls().0.clone()),
-            _ => b,
+        let tls = |b: volley::ServerBuilder| {
+            match args.transport {
+                Transport::Tls => b.tls(bench_tls().0.clone()),
+                _ => b,
+            }
+            .metrics(!args.no_metrics)
         };
         let m = method_named(&args.service);
         let (server, role) = match (api, args.handler) {
@@ -670,6 +677,7 @@ struct Side {
 fn client_config(args: &BenchArgs) -> volley::ClientConfig {
     let mut config = volley::ClientConfig::default();
     config.token = args.token.clone().map(String::into_bytes);
+    config.metrics = !args.no_metrics;
     config
 }
 

@@ -154,7 +154,7 @@ impl Client {
         opts: BatchOptions,
     ) -> Vec<Result<Resp, Error>> {
         let n = chunk.len();
-        let meter = self.inner.meter(m, n);
+        let meter = self.inner.meter(m, n, crate::metrics::Timing::Batch);
         let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
         let result = match self.inner.connection().await {
             Err(e) => Err(e),
@@ -170,7 +170,9 @@ impl Client {
             },
         };
         let results = result.unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect());
-        meter.map(|meter| meter.finish_all(&results));
+        if let Some(meter) = meter {
+            meter.finish_all(&results);
+        }
         results
     }
 }

@@ -27,7 +27,7 @@ use tokio::runtime::Handle;
 use crate::codec::Wire;
 use crate::error::Error;
 use crate::method::Method;
-use crate::metrics::{self, CallMeter};
+use crate::metrics::{self, CallMeter, Timing};
 use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
 use crate::stats::{Counters, Snapshot};
@@ -185,9 +185,11 @@ impl Client {
         req: Req,
         opts: CallOptions,
     ) -> Result<Resp, Error> {
-        let meter = self.inner.meter(m, 1);
+        let meter = self.inner.meter(m, 1, Timing::Single);
         let result = self.call_unmetered(m, req, opts).await;
-        meter.map(|meter| meter.finish(&result));
+        if let Some(meter) = meter {
+            meter.finish(&result);
+        }
         result
     }
 
@@ -299,8 +301,12 @@ impl Client {
 impl Inner {
     /// Starts measuring `n` calls of `m`, if this client keeps metrics.
     #[inline]
-    fn meter<Req, Resp>(&self, m: &Method<Req, Resp>, n: usize) -> Option<CallMeter> {
-        self.config.metrics.then(|| CallMeter::start(metrics::client::method(m.service(), m.name()), n))
+    fn meter<Req, Resp>(&self, m: &Method<Req, Resp>, n: usize, timing: Timing) -> Option<CallMeter> {
+        if !self.config.metrics {
+            return None;
+        }
+        let (method, tally) = metrics::client::method(m.service(), m.name());
+        Some(CallMeter::start_on(method, tally, n, timing))
     }
 
     /// Request ids are the client id (upper half) and a per-client sequence (lower half).

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use super::method::MethodMetrics;
+use super::method::{MethodMetrics, Tally};
 
 /// Most methods with series of their own (bounds memory and the series a scrape returns).
 pub(crate) const MAX_METHODS: usize = 1024;
@@ -34,29 +34,32 @@ struct Table {
 
 static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(Mutex::default);
 
+/// A method's metrics and this thread's tally of them.
+type Entry = (&'static MethodMetrics, &'static Tally);
+
 thread_local! {
-    static CACHE: RefCell<[(Key, Option<&'static MethodMetrics>); SLOTS]> =
-        const { RefCell::new([((0, 0, 0, 0), None); SLOTS]) };
+    static CACHE: RefCell<[(Key, Option<Entry>); SLOTS]> = const { RefCell::new([((0, 0, 0, 0), None); SLOTS]) };
 }
 
-/// The metrics of calls to `service`/`method` from this process.
+/// The metrics of calls to `service`/`method` from this process, and this thread's tally.
 #[inline]
-pub(crate) fn method(service: &'static str, method: &'static str) -> &'static MethodMetrics {
+pub(crate) fn method(service: &'static str, method: &'static str) -> Entry {
     let key = (service.as_ptr() as usize, service.len(), method.as_ptr() as usize, method.len());
     let slot = ((key.0 >> 3) ^ (key.2 >> 3) ^ key.3) & (SLOTS - 1);
+    let entry = || {
+        let m = lookup(service, method);
+        (m, m.tally())
+    };
     CACHE.with(|c| {
-        if let Ok(mut cache) = c.try_borrow_mut() {
-            if let (k, Some(m)) = cache[slot]
-                && k == key
-            {
-                return m;
-            }
-            let m = lookup(service, method);
-            cache[slot] = (key, Some(m));
-            m
-        } else {
-            lookup(service, method)
+        let Ok(mut cache) = c.try_borrow_mut() else { return entry() };
+        if let (k, Some(e)) = cache[slot]
+            && k == key
+        {
+            return e;
         }
+        let e = entry();
+        cache[slot] = (key, Some(e));
+        e
     })
 }
 
@@ -88,13 +91,13 @@ mod tests {
 
     #[test]
     fn the_same_names_give_the_same_metrics_and_other_names_others() {
-        let a = method("client-table-test", "a");
-        let b = method("client-table-test", "b");
-        assert!(std::ptr::eq(a, method("client-table-test", "a")));
+        let a = method("client-table-test", "a").0;
+        let b = method("client-table-test", "b").0;
+        assert!(std::ptr::eq(a, method("client-table-test", "a").0));
         assert!(!std::ptr::eq(a, b));
         // The same text at another address (not from the cache) finds the same entry.
         let other: &'static str = Box::leak(String::from("client-table-test").into_boxed_str());
-        assert!(std::ptr::eq(a, method(other, "a")));
+        assert!(std::ptr::eq(a, method(other, "a").0));
         assert!(methods().iter().any(|m| std::ptr::eq(*m, b)));
     }
 }

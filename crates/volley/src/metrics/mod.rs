@@ -20,4 +20,4 @@ pub(crate) mod prometheus;
 pub(crate) mod scrape;
 pub(crate) mod vars;
 
-pub(crate) use method::{CallMeter, Meter, MethodMetrics};
+pub(crate) use method::{CallMeter, Meter, MethodMetrics, Timing};

@@ -153,7 +153,7 @@ impl Controller {
             config,
         });
         let server = build_server(&state);
-        server.show_registry(Arc::new(Shown(Arc::downgrade(&state))));
+        server.show_registry(Arc::new(Arc::downgrade(&state)));
         Controller { server, state }
     }
 
@@ -227,14 +227,12 @@ impl State {
     }
 }
 
-/// The registry as the admin endpoint shows it (weakly: the endpoint belongs to the server,
-/// which must not keep the controller's state alive).
-struct Shown(std::sync::Weak<State>);
-
-impl crate::server::RegistrySource for Shown {
+/// The registry as the admin endpoint shows it, held weakly: the endpoint belongs to the
+/// server, which must not keep the controller's state alive.
+impl crate::server::RegistrySource for std::sync::Weak<State> {
     fn registry(&self, server: Snapshot) -> BoxFuture<'_, Option<RegistryScrape>> {
         Box::pin(async move {
-            let st = self.0.upgrade()?;
+            let st = self.upgrade()?;
             let services = st.store.list().await.unwrap_or_default();
             Some(RegistryScrape { services, stats: st.stats(server) })
         })

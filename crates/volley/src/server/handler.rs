@@ -22,7 +22,7 @@ use crate::chunks::chunks;
 use crate::codec::{CodecError, Wire};
 use crate::error::Status;
 use crate::metrics::method::code_index;
-use crate::metrics::{Meter, MethodMetrics};
+use crate::metrics::{Meter, MethodMetrics, Timing};
 use crate::proto::encode::FrameBuilder;
 use crate::proto::{BatchItems, Code};
 use crate::transport::inproc::{LocalMethod, Started};
@@ -136,7 +136,7 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
 
     /// Starts measuring a batch of `n` requests, if the server keeps metrics.
     fn meter(&self, n: usize) -> Option<Meter<Arc<MethodMetrics>>> {
-        self.metrics.get().map(|m| Meter::start(m.clone(), n))
+        self.metrics.get().map(|m| Meter::start(m.clone(), n, Timing::Batch))
     }
 
     fn max_batch(&self) -> usize {
@@ -252,14 +252,18 @@ fn answer<Req: Wire, Resp: Wire>(
     if values.is_empty() {
         // Nothing for the handler (no request decoded): do not call it.
         let results = merge(n, Vec::new(), bad);
-        meter.map(|m| m.answered(&results));
+        if let Some(m) = meter {
+            m.answered(&results);
+        }
         let replies: Box<dyn Replies> = Box::new(Results::<Resp> { to, results });
         return Box::pin(std::future::ready(replies));
     }
     let fut = run(values);
     Box::pin(async move {
         let results = merge(n, fut.await, bad);
-        meter.map(|m| m.answered(&results));
+        if let Some(m) = meter {
+            m.answered(&results);
+        }
         Box::new(Results { to, results }) as Box<dyn Replies>
     })
 }
@@ -272,7 +276,7 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
     ) -> Option<BoxFuture<'static, Box<dyn Replies>>> {
         let n = reqs.len();
         if let Func::Sync(f) = &self.func {
-            let meter = self.metrics.get().map(|m| Meter::start(&**m, n));
+            let meter = self.metrics.get().map(|m| Meter::start(&**m, n, Timing::Batch));
             for (id, payload) in reqs.drain(..) {
                 let result = Req::decode(payload).map_err(undecodable).and_then(f);
                 if let (Some(m), Err(e)) = (&meter, &result) {
@@ -280,7 +284,9 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
                 }
                 write_result(out, id, result);
             }
-            meter.map(Meter::end);
+            if let Some(m) = meter {
+                m.end();
+            }
             return None;
         }
         let meter = self.meter(n);
