@@ -116,8 +116,8 @@ fn render(v: &Value) -> String {
                 fmt(&r["latency_us"]["p99"], 1.0),
                 fmt(&r["latency_us"]["p999"], 1.0),
                 fmt(&r["batch"]["mean"], 1.0),
-                m["in_flight"],
-                m["calls"],
+                m["in_flight"].to_string(),
+                m["calls"].to_string(),
             );
         }
     }

@@ -13,13 +13,18 @@ pub(crate) struct Shape {
     grouping_power: u8,
     /// Values up to 2^max_value_power; larger ones are recorded as the largest.
     max_value_power: u8,
+    /// Quantiles are reported as their bucket's lowest value, not its highest: a batch of 64
+    /// reads 64, where a latency is better overstated than understated.
+    report_lowest: bool,
 }
 
 impl Shape {
     /// Latencies in nanoseconds: 6.25 % buckets up to 2^36 ns (68 s), 528 buckets.
-    pub(crate) const LATENCY_NS: Shape = Shape { grouping_power: 4, max_value_power: 36 };
-    /// Counts per batch or per frame: 12.5 % buckets up to 2^17 (a chunk holds at most 65,536).
-    pub(crate) const COUNT: Shape = Shape { grouping_power: 3, max_value_power: 17 };
+    pub(crate) const LATENCY_NS: Shape =
+        Shape { grouping_power: 4, max_value_power: 36, report_lowest: false };
+    /// Counts per batch or per frame: exact below 64, 3 % buckets above, up to 2^17 (a chunk
+    /// holds at most 65,536), 416 buckets.
+    pub(crate) const COUNT: Shape = Shape { grouping_power: 5, max_value_power: 17, report_lowest: true };
 }
 
 /// A histogram recorded from any thread without a lock.
@@ -27,13 +32,15 @@ pub(crate) struct Histogram {
     counts: AtomicHistogram,
     sum: AtomicU64,
     max: u64,
+    report_lowest: bool,
 }
 
 impl Histogram {
     pub(crate) fn new(shape: Shape) -> Histogram {
         let counts = AtomicHistogram::new(shape.grouping_power, shape.max_value_power)
             .expect("the shapes above are valid");
-        Histogram { counts, sum: AtomicU64::new(0), max: (1u64 << shape.max_value_power) - 1 }
+        let max = (1u64 << shape.max_value_power) - 1;
+        Histogram { counts, sum: AtomicU64::new(0), max, report_lowest: shape.report_lowest }
     }
 
     /// Records `count` observations of `value`.
@@ -46,7 +53,11 @@ impl Histogram {
     }
 
     pub(crate) fn snapshot(&self) -> Snapshot {
-        Snapshot { counts: self.counts.load(), sum: self.sum.load(Relaxed) }
+        Snapshot {
+            counts: self.counts.load(),
+            sum: self.sum.load(Relaxed),
+            report_lowest: self.report_lowest,
+        }
     }
 }
 
@@ -55,6 +66,7 @@ impl Histogram {
 pub(crate) struct Snapshot {
     counts: Counts,
     sum: u64,
+    report_lowest: bool,
 }
 
 impl Snapshot {
@@ -66,15 +78,17 @@ impl Snapshot {
         self.sum
     }
 
-    /// The upper bound of the bucket holding quantile `q` (0.0–1.0); `None` when empty.
+    /// The bucket holding quantile `q` (0.0–1.0), by its highest value (or its lowest, for
+    /// counts: see [`Shape`]); `None` when empty.
     pub(crate) fn quantile(&self, q: f64) -> Option<u64> {
-        self.counts.quantile_bucket(q).ok().flatten().map(|b| b.end())
+        let b = self.counts.quantile_bucket(q).ok().flatten()?;
+        Some(if self.report_lowest { b.start() } else { b.end() })
     }
 
     /// What was recorded since `earlier` (a snapshot of the same histogram).
     pub(crate) fn since(&self, earlier: &Snapshot) -> Snapshot {
         let counts = self.counts.wrapping_sub(&earlier.counts).unwrap_or_else(|_| self.counts.clone());
-        Snapshot { counts, sum: self.sum.wrapping_sub(earlier.sum) }
+        Snapshot { counts, sum: self.sum.wrapping_sub(earlier.sum), report_lowest: self.report_lowest }
     }
 
     /// For each bound in `bounds` (ascending), how many values were below it: Prometheus's
@@ -123,6 +137,8 @@ mod tests {
         let delta = h.snapshot().since(&before);
         assert_eq!(delta.count(), 2);
         assert_eq!(delta.sum(), 200);
+        // Counts read as recorded: a batch of 100 is 100, not its bucket's top.
+        assert_eq!(delta.quantile(0.5), Some(100));
     }
 
     #[test]
