@@ -33,8 +33,8 @@ impl Counters {
         self.frames_sent.fetch_add(frames, Relaxed);
         self.messages_sent.fetch_add(messages, Relaxed);
         self.bytes_sent.fetch_add(bytes, Relaxed);
-        if frames > 0 {
-            self.frame_sizes.written.record(messages / frames, frames);
+        if let Some(per_frame) = messages.checked_div(frames) {
+            self.frame_sizes.written.record(per_frame, frames);
         }
     }
 
@@ -42,8 +42,8 @@ impl Counters {
         self.frames_received.fetch_add(frames, Relaxed);
         self.messages_received.fetch_add(messages, Relaxed);
         self.bytes_received.fetch_add(bytes, Relaxed);
-        if frames > 0 {
-            self.frame_sizes.read.record(messages / frames, frames);
+        if let Some(per_frame) = messages.checked_div(frames) {
+            self.frame_sizes.read.record(per_frame, frames);
         }
     }
 

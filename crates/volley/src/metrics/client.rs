@@ -69,9 +69,9 @@ fn lookup(service: &str, method: &str) -> &'static MethodMetrics {
         return m;
     }
     if t.all.len() >= MAX_METHODS {
-        return *t
-            .overflow
-            .get_or_insert_with(|| Box::leak(Box::new(MethodMetrics::new("_other", "_other"))));
+        let other = t.overflow.unwrap_or_else(|| Box::leak(Box::new(MethodMetrics::new("_other", "_other"))));
+        t.overflow = Some(other);
+        return other;
     }
     let m: &'static MethodMetrics = Box::leak(Box::new(MethodMetrics::new(service, method)));
     t.by_name.insert((service.into(), method.into()), m);
