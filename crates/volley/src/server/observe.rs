@@ -46,11 +46,12 @@ impl Shared {
             (true, Some(r)) => r.registry(self.counters.snapshot()).await,
             _ => None,
         };
-        let methods = if self.config.metrics {
+        let mut methods: Vec<Named> = if self.config.metrics {
             self.router.routes().map(|r| Named::of(&r.metrics)).collect()
         } else {
             Vec::new()
         };
+        methods.sort_by(|a, b| (&a.service, &a.method).cmp(&(&b.service, &b.method)));
         let (accepted, refused) = self.admission.totals();
         Scrape {
             uptime: self.observe.started.elapsed(),
