@@ -267,6 +267,8 @@ async fn a_controllers_endpoint_shows_its_services_instances_and_leases() {
     let inst = &svc["instances"][0];
     assert_eq!(inst["instance"]["address"], addr.to_string());
     assert!(inst["lease_ttl_ms"].as_u64().unwrap() > 0);
+    // Ids are random 64-bit numbers: strings, so that JavaScript does not round them.
+    assert!(inst["instance"]["lease"].as_str().unwrap().parse::<u64>().is_ok());
     assert!(reg["stats"]["client_ids_held"].as_u64().unwrap() >= 1);
     // The controller's own methods are on its status: one register call at least.
     let register = find(&v["server"]["methods"], "volley.registry", "register");

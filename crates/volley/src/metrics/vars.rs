@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::histogram::Snapshot;
 use super::method::{ERROR_LABELS, MethodSnapshot};
 use super::scrape::{Named, Scrape};
+use crate::registry::wire::ServiceListing;
 
 /// Snapshots kept: the window of recent rates is up to this many seconds.
 const WINDOW: usize = 5;
@@ -71,11 +72,32 @@ impl Window {
             },
             "client": { "methods": methods("client", &scrape.client) },
             "registry": scrape.registry.as_ref().map(|r| json!({
-                "services": r.services,
+                "services": r.services.iter().map(service).collect::<Vec<_>>(),
                 "stats": r.stats,
             })),
         })
     }
+}
+
+/// A service as the registry lists it, ids as strings: they are random 64-bit numbers, which
+/// JavaScript's numbers (the status page's) would round.
+fn service(s: &ServiceListing) -> Value {
+    let instances: Vec<Value> = s
+        .instances
+        .iter()
+        .map(|li| {
+            let i = &li.instance;
+            json!({
+                "instance": {
+                    "id": i.id.to_string(), "lease": i.lease.to_string(), "service": i.service,
+                    "address": i.address, "weight": i.weight, "metadata": i.metadata,
+                },
+                "lease_ttl_ms": li.lease_ttl_ms,
+                "expires_in_ms": li.expires_in_ms,
+            })
+        })
+        .collect();
+    json!({ "name": s.name, "revision": s.revision, "instances": instances })
 }
 
 fn sides(s: &Scrape) -> impl Iterator<Item = (&'static str, &Vec<Named>)> {
