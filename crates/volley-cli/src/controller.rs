@@ -23,6 +23,7 @@ pub fn serve(
     store: &str,
     registration_credential: Option<String>,
     token: Option<String>,
+    admin: Option<String>,
 ) -> Result<(), String> {
     runtime()?.block_on(async {
         if registration_credential.is_none() {
@@ -31,6 +32,7 @@ pub fn serve(
         let tokens = token.into_iter().map(String::into_bytes).collect();
         let mut config = ControllerConfig::default().tokens(tokens);
         config.registration_credential = registration_credential;
+        config.admin = admin;
         let controller = match store {
             "memory" => Controller::new(config),
             s if s.starts_with("etcd://") => etcd_controller(s, config).await?,
@@ -42,6 +44,9 @@ pub fn serve(
         };
         let bound = controller.listen(listen).await.map_err(|e| e.to_string())?;
         eprintln!("registry controller on {bound}, store {store} (Ctrl-C to stop)");
+        if let Some(admin) = controller.admin_address() {
+            eprintln!("admin endpoint on http://{admin}/ (/metrics, /vars.json)");
+        }
         // Scripts read the bound address (with the real port for tcp://HOST:0) from stdout.
         outln!("{bound}");
         tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;

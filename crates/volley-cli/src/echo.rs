@@ -95,6 +95,7 @@ pub fn serve(
     registry: Option<&str>,
     name: &str,
     advertise: Option<&str>,
+    admin: Option<String>,
     security: &Security,
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
@@ -115,10 +116,16 @@ pub fn serve(
             if let Some(tls) = tls {
                 b = b.tls(tls);
             }
+            if let Some(admin) = admin {
+                b = b.admin(admin);
+            }
             b
         });
         let bound = server.listen(listen).await.map_err(|e| e.to_string())?;
         eprintln!("serving {name} on {bound} (Ctrl-C to stop)");
+        if let Some(admin) = server.admin_address() {
+            eprintln!("admin endpoint on http://{admin}/ (/metrics, /vars.json)");
+        }
         // A refusal that retrying cannot fix ends the command (after a graceful shutdown).
         let (fatal_tx, mut fatal) = tokio::sync::mpsc::channel::<String>(1);
         if let Some(registry_addr) = registry {

@@ -9,6 +9,7 @@ mod overload_bench;
 mod refusal;
 mod registry_bench;
 mod testbed;
+mod top;
 
 // `--features mimalloc` or `--features jemalloc` picks the process's global allocator (both:
 // jemalloc). The default is the system allocator: see docs/BENCHMARKS.md, "Global allocator".
@@ -27,6 +28,8 @@ pub const GLOBAL_ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
 } else {
     "system"
 };
+
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -57,6 +60,10 @@ enum Command {
         /// example when listening on 0.0.0.0).
         #[arg(long)]
         advertise: Option<String>,
+        /// Serve the admin endpoint over HTTP on HOST:PORT (or a bare PORT on 127.0.0.1): a
+        /// status page at /, Prometheus metrics at /metrics, JSON at /vars.json.
+        #[arg(long, value_name = "ADDR")]
+        admin: Option<String>,
         #[command(flatten)]
         security: echo::Security,
     },
@@ -80,6 +87,10 @@ enum Command {
         /// servers present it with `serve-echo --registry-token`, clients with `--token`.
         #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// Serve the admin endpoint over HTTP on HOST:PORT (or a bare PORT on 127.0.0.1): a
+        /// status page at /, Prometheus metrics at /metrics, JSON at /vars.json.
+        #[arg(long, value_name = "ADDR")]
+        admin: Option<String>,
     },
     /// List the services and instances a registry knows.
     Ls {
@@ -93,6 +104,28 @@ enum Command {
         /// The token the controller requires (environment: VOLLEY_TOKEN).
         #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
         token: Option<String>,
+    },
+    /// A process's methods from its admin endpoint (`--admin` of serve-echo, controller):
+    /// calls/s, errors/s, p50/p99/p99.9 and batch sizes over the last seconds, redrawn every
+    /// second until Ctrl-C.
+    Top {
+        /// The admin endpoint: HOST:PORT, http://HOST:PORT or a bare PORT on 127.0.0.1.
+        addr: String,
+        /// Seconds between redraws.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many redraws.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// A process's metrics from its admin endpoint, once: a table, or with --json the
+    /// endpoint's /vars.json.
+    Stats {
+        /// The admin endpoint: HOST:PORT, http://HOST:PORT or a bare PORT on 127.0.0.1.
+        addr: String,
+        /// Print the endpoint's JSON (one object) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Echo benchmark: server and load generator in one process, or against `--connect ADDR`
     /// or `--registry ADDR`. `volley bench registry` runs the registry's scenarios instead.
@@ -143,13 +176,18 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::ServeEcho { listen, registry, name, advertise, security } => {
-            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref(), &security)
+        Command::ServeEcho { listen, registry, name, advertise, admin, security } => {
+            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref(), admin, &security)
         }
-        Command::Controller { listen, store, registration_credential, token } => {
-            controller::serve(&listen, &store, registration_credential, token)
+        Command::Controller { listen, store, registration_credential, token, admin } => {
+            controller::serve(&listen, &store, registration_credential, token, admin)
         }
         Command::Ls { registry, json, token } => controller::ls(&registry, json, token),
+        Command::Top { addr, interval, count } => match Duration::try_from_secs_f64(interval) {
+            Ok(i) if !i.is_zero() => top::top(&addr, i, count),
+            _ => Err(format!("--interval {interval}: expected a positive number of seconds")),
+        },
+        Command::Stats { addr, json } => top::stats(&addr, json),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Registry(args)), .. }) => {
             registry_bench::run(args)
         }

@@ -45,6 +45,7 @@
 //! balancing, key routing, failover, scatter-gather). `docs/ARCHITECTURE.md` tells the whole
 //! story; `docs/SERVICES.md` is the guide to services.
 
+mod admin;
 mod chunks;
 mod client;
 pub mod codec;
@@ -52,6 +53,7 @@ mod context;
 mod error;
 mod liveness;
 mod method;
+mod metrics;
 pub mod registry;
 mod server;
 pub mod service;

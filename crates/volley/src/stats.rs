@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::metrics::histogram::{Histogram, Shape};
+
 /// Live counters. Updated once per frame or batch, not per message, so they cost nothing
 /// measurable on the hot path.
 #[derive(Debug, Default)]
@@ -12,6 +14,8 @@ pub struct Counters {
     frames_received: AtomicU64,
     messages_received: AtomicU64,
     bytes_received: AtomicU64,
+    /// Messages per frame, kept per read and per write.
+    pub(crate) frame_sizes: FrameSizes,
 }
 
 /// A copy of the counters at one moment.
@@ -31,12 +35,18 @@ impl Counters {
         self.frames_sent.fetch_add(frames, Relaxed);
         self.messages_sent.fetch_add(messages, Relaxed);
         self.bytes_sent.fetch_add(bytes, Relaxed);
+        if let Some(per_frame) = messages.checked_div(frames) {
+            self.frame_sizes.written.record(per_frame, frames);
+        }
     }
 
     pub(crate) fn received(&self, frames: u64, messages: u64, bytes: u64) {
         self.frames_received.fetch_add(frames, Relaxed);
         self.messages_received.fetch_add(messages, Relaxed);
         self.bytes_received.fetch_add(bytes, Relaxed);
+        if let Some(per_frame) = messages.checked_div(frames) {
+            self.frame_sizes.read.record(per_frame, frames);
+        }
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -48,5 +58,24 @@ impl Counters {
             messages_received: self.messages_received.load(Relaxed),
             bytes_received: self.bytes_received.load(Relaxed),
         }
+    }
+}
+
+/// Messages per frame, read and written (kept per server and per client with the transport
+/// counters, once per read or write).
+pub(crate) struct FrameSizes {
+    pub read: Histogram,
+    pub written: Histogram,
+}
+
+impl Default for FrameSizes {
+    fn default() -> Self {
+        FrameSizes { read: Histogram::new(Shape::COUNT), written: Histogram::new(Shape::COUNT) }
+    }
+}
+
+impl std::fmt::Debug for FrameSizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrameSizes")
     }
 }

@@ -89,6 +89,10 @@ pub struct BenchArgs {
     /// The token to present to the server and the registry (environment: VOLLEY_TOKEN).
     #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Keep no per-method metrics in the in-process server and the callers (they are on by
+    /// default): run with and without it to measure what they cost.
+    #[arg(long)]
+    pub no_metrics: bool,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]

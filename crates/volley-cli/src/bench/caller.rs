@@ -149,7 +149,7 @@ impl Side {
         if args.raw {
             return Ok((None, "raw-tcp".to_string(), RegistryMode::None));
         }
-        let config = client_config(addr, args.token.as_deref());
+        let config = client_config(addr, args.token.as_deref()).metrics(!args.no_metrics);
         let client = Client::connect_with(addr, config).await.map_err(|e| e.to_string())?;
         let caller = match api {
             Api::Method => Caller::Plain(client),

@@ -69,7 +69,7 @@ impl Local {
 /// The echo server for `api` in the handler form `--handler` asks for, and the role its
 /// listening address is named for.
 fn echo_server(args: &BenchArgs, api: Api) -> (Server, &'static str) {
-    let settings = |b: ServerBuilder| args.transport.server_settings(b);
+    let settings = |b: ServerBuilder| args.transport.server_settings(b).metrics(!args.no_metrics);
     match (api, args.handler) {
         (Api::Method, Handler::Sync) => (server_named_with(&args.service, settings), "echo"),
         (Api::Method, Handler::Async) => {

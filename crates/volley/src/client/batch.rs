@@ -154,6 +154,7 @@ impl Client {
         opts: BatchOptions,
     ) -> Vec<Result<Resp, Error>> {
         let n = chunk.len();
+        let meter = self.inner.meter(m, n, crate::metrics::Timing::Batch);
         let timeout = crate::context::budget(opts.timeout.unwrap_or(self.inner.config.timeout));
         let result = match self.inner.connection().await {
             Err(e) => Err(e),
@@ -168,7 +169,11 @@ impl Client {
                 }
             },
         };
-        result.unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect())
+        let results = result.unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect());
+        if let Some(meter) = meter {
+            meter.finish_all(&results);
+        }
+        results
     }
 }
 

@@ -27,6 +27,7 @@ use tokio::runtime::Handle;
 use crate::codec::Wire;
 use crate::error::Error;
 use crate::method::Method;
+use crate::metrics::{self, CallMeter, Timing};
 use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
 use crate::stats::{Counters, Snapshot};
@@ -78,6 +79,9 @@ pub struct ClientConfig {
     #[cfg(feature = "tls")]
     #[setters(strip_option)]
     pub tls: Option<crate::transport::tls::TlsClient>,
+    /// Whether this client's calls count in the process's per-method client metrics (calls,
+    /// errors, latency, in flight, batch sizes; shown by a server's admin endpoint). Default on.
+    pub metrics: bool,
 }
 
 impl Default for ClientConfig {
@@ -95,6 +99,7 @@ impl Default for ClientConfig {
             send_deadlines: true,
             #[cfg(feature = "tls")]
             tls: None,
+            metrics: true,
         }
     }
 }
@@ -205,6 +210,20 @@ impl Client {
         req: Req,
         opts: CallOptions,
     ) -> Result<Resp, Error> {
+        let meter = self.inner.meter(m, 1, Timing::Single);
+        let result = self.call_unmetered(m, req, opts).await;
+        if let Some(meter) = meter {
+            meter.finish(&result);
+        }
+        result
+    }
+
+    async fn call_unmetered<Req: Wire, Resp: Wire>(
+        &self,
+        m: &Method<Req, Resp>,
+        req: Req,
+        opts: CallOptions,
+    ) -> Result<Resp, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
         match &*self.inner.connection().await? {
             Conn::Local(server) => inproc::call(&**server, m, req, timeout).await,
@@ -305,6 +324,16 @@ impl Client {
 }
 
 impl Inner {
+    /// Starts measuring `n` calls of `m`, if this client keeps metrics.
+    #[inline]
+    fn meter<Req, Resp>(&self, m: &Method<Req, Resp>, n: usize, timing: Timing) -> Option<CallMeter> {
+        if !self.config.metrics {
+            return None;
+        }
+        let (method, tally) = metrics::client::method(m.service(), m.name());
+        Some(CallMeter::start_on(method, tally, n, timing))
+    }
+
     /// Request ids are the client id (upper half) and a per-client sequence (lower half).
     /// The sequence wraps; the pending table skips any id still in use.
     fn next_id(&self) -> u64 {

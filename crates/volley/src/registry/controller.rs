@@ -22,10 +22,12 @@ use super::store::{MemoryStore, Store, StoreError, StoreStatus};
 use super::wire::*;
 use crate::client::{CallOptions, ClientConfig};
 use crate::error::{Error, Status};
+use crate::metrics::scrape::RegistryScrape;
 use crate::proto::Code;
 use crate::server::Server;
 use crate::stats::Snapshot;
 use crate::transport::Address;
+use futures_util::future::BoxFuture;
 
 /// Controller settings.
 #[derive(Debug, Clone)]
@@ -55,6 +57,10 @@ pub struct ControllerConfig {
     /// Tokens a connection to the controller must present (as any Volley server's
     /// [`ServerBuilder::token`](crate::ServerBuilder::token)). Empty: none.
     pub tokens: Vec<Vec<u8>>,
+    /// Where to serve the admin endpoint (as [`ServerBuilder::admin`](crate::ServerBuilder::admin)):
+    /// its status page lists the services, their instances and leases. `None`: no endpoint.
+    #[setters(strip_option, into)]
+    pub admin: Option<String>,
 }
 
 impl Default for ControllerConfig {
@@ -69,6 +75,7 @@ impl Default for ControllerConfig {
             relay_client: ClientConfig::default(),
             registration_credential: None,
             tokens: Vec::new(),
+            admin: None,
         }
     }
 }
@@ -90,6 +97,12 @@ pub struct ControllerStats {
     /// Client ids held by open connections to this controller (each is given back when the
     /// last connection holding it closes).
     pub client_ids_held: u64,
+    /// Lease renewals accepted.
+    pub lease_renewals: u64,
+    /// Instances removed because their lease lapsed unrenewed.
+    pub expired_instances: u64,
+    /// Watches answered with a change (a new revision or epoch), not a timeout.
+    pub watch_events: u64,
 }
 
 /// A running controller. Cheap to clone.
@@ -108,6 +121,9 @@ struct State {
     expiry_started: AtomicBool,
     resolves: AtomicU64,
     watches: AtomicU64,
+    renewals: AtomicU64,
+    expired: AtomicU64,
+    watch_events: AtomicU64,
     /// Which connections hold which client ids (an id is given back when they close).
     holders: Arc<Holders>,
     relay: Relay,
@@ -129,12 +145,17 @@ impl Controller {
             expiry_started: AtomicBool::new(false),
             resolves: AtomicU64::new(0),
             watches: AtomicU64::new(0),
+            renewals: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            watch_events: AtomicU64::new(0),
             holders: Arc::default(),
             relay: Relay::new(&config, rev),
             store,
             config,
         });
-        Controller { server: build_server(&state), state }
+        let server = build_server(&state);
+        server.show_registry(Arc::new(Arc::downgrade(&state)));
+        Controller { server, state }
     }
 
     /// Starts serving on `addr` (any Volley address); returns the address bound.
@@ -170,26 +191,52 @@ impl Controller {
         self.server.addresses()
     }
 
+    /// The address of the admin endpoint, once the first `listen` started it.
+    pub fn admin_address(&self) -> Option<std::net::SocketAddr> {
+        self.server.admin_address()
+    }
+
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.state.store
     }
 
     pub fn stats(&self) -> ControllerStats {
-        let relay = &self.state.relay;
+        self.state.stats(self.server.counters())
+    }
+}
+
+impl State {
+    fn stats(&self, server: Snapshot) -> ControllerStats {
+        let relay = &self.relay;
         let mut relay_transport = relay.stats.retired();
         for p in relay.pools.lock().values() {
             super::pool_stats::add_snapshot(&mut relay_transport, &p.pool.counters());
         }
         ControllerStats {
-            server: self.server.counters(),
+            server,
             relay: relay_transport,
-            resolves: self.state.resolves.load(Relaxed),
-            watches: self.state.watches.load(Relaxed),
+            resolves: self.resolves.load(Relaxed),
+            watches: self.watches.load(Relaxed),
             relayed_calls: relay.calls.load(Relaxed),
             relay_failovers: relay.stats.failovers.load(Relaxed),
-            store: self.state.store.status(),
-            client_ids_held: self.state.holders.held() as u64,
+            store: self.store.status(),
+            client_ids_held: self.holders.held() as u64,
+            lease_renewals: self.renewals.load(Relaxed),
+            expired_instances: self.expired.load(Relaxed),
+            watch_events: self.watch_events.load(Relaxed),
         }
+    }
+}
+
+/// The registry as the admin endpoint shows it, held weakly: the endpoint belongs to the
+/// server, which must not keep the controller's state alive.
+impl crate::server::RegistrySource for std::sync::Weak<State> {
+    fn registry(&self, server: Snapshot) -> BoxFuture<'_, Option<RegistryScrape>> {
+        Box::pin(async move {
+            let st = self.upgrade()?;
+            let services = st.store.list().await.unwrap_or_default();
+            Some(RegistryScrape { services, stats: st.stats(server) })
+        })
     }
 }
 
@@ -206,6 +253,9 @@ fn build_server(st: &Arc<State>) -> Server {
     let mut builder = Server::builder();
     for t in &st.config.tokens {
         builder = builder.token(t);
+    }
+    if let Some(addr) = &st.config.admin {
+        builder = builder.admin(addr.clone());
     }
     builder
         .handle(&REGISTER, with_state!(register))
@@ -255,8 +305,9 @@ impl State {
                 _ = self.stop.cancelled() => return,
                 _ = tokio::time::sleep(self.config.expiry_tick) => {}
             }
-            if let Err(e) = self.store.expire().await {
-                tracing::warn!(error = %e, "lease expiry failed");
+            match self.store.expire().await {
+                Ok(n) => _ = self.expired.fetch_add(n as u64, Relaxed),
+                Err(e) => tracing::warn!(error = %e, "lease expiry failed"),
             }
         }
     }
@@ -321,7 +372,10 @@ async fn renew(st: Arc<State>, r: LeaseRequest) -> Result<Renewed, Status> {
     check_credential(&st, &r.credential, "renew", &r.lease)?;
     let lease = r.lease;
     match st.store.renew(lease).await {
-        Ok(r) if r.intact => Ok(Renewed { known: true, ttl_ms: r.ttl.as_millis() as u64 }),
+        Ok(r) if r.intact => {
+            st.renewals.fetch_add(1, Relaxed);
+            Ok(Renewed { known: true, ttl_ms: r.ttl.as_millis() as u64 })
+        }
         // Another registration took one of the lease's instances (and may have lapsed with
         // it): `known = false` makes the server register again at once — a reply every server,
         // old or new, already acts on. The lease itself lapses unrenewed, holding nothing.
@@ -372,6 +426,7 @@ async fn watch_service(st: Arc<State>, w: WatchRequest) -> Result<Resolved, Stat
     loop {
         let r = st.resolved(&w.service).await?;
         if w.epoch != st.epoch || r.revision > w.from_revision {
+            st.watch_events.fetch_add(1, Relaxed);
             return Ok(r);
         }
         tokio::select! {

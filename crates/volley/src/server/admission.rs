@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +22,9 @@ pub(crate) struct Admission {
     opening: Mutex<Opening>,
     /// Connections being served now (past their opening).
     served: AtomicUsize,
+    /// Connections taken on, and refused over the bound, since the start.
+    accepted: AtomicU64,
+    refused: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -73,9 +76,16 @@ impl Admission {
         let n = self.served.fetch_add(1, Ordering::AcqRel);
         if max.is_some_and(|max| n >= max) {
             self.served.fetch_sub(1, Ordering::AcqRel);
+            self.refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        self.accepted.fetch_add(1, Ordering::Relaxed);
         Some(Served(self.clone()))
+    }
+
+    /// Connections served and connections refused since the start.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        (self.accepted.load(Ordering::Relaxed), self.refused.load(Ordering::Relaxed))
     }
 
     /// Connections served now.

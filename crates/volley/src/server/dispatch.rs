@@ -243,7 +243,7 @@ impl Dispatch {
         // Admit as many as there is room for; the rest are refused at once.
         let room = c.shared.room();
         if room < self.group.len() {
-            let status = c.shared.overloaded();
+            let status = c.shared.overloaded(self.group.len() - room);
             self.group.drain(room..).for_each(|(id, _)| out.error(id, status.code, &status.message));
             if self.group.is_empty() {
                 return;
@@ -287,7 +287,7 @@ impl Dispatch {
         };
         let n = items.len().max(1);
         if !c.shared.admits_chunk(n) {
-            let status = c.shared.overloaded();
+            let status = c.shared.overloaded(n);
             return out.error(id, status.code, &status.message);
         }
         let max_batch = c.shared.config.max_batch;

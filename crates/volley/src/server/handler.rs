@@ -23,6 +23,8 @@ use super::replies::{Replies, ReplyTo, Results, encode_payload, expire, write_re
 use crate::chunks::chunks;
 use crate::codec::{CodecError, Wire};
 use crate::error::Status;
+use crate::metrics::method::code_index;
+use crate::metrics::{Meter, MethodMetrics, Timing};
 use crate::proto::encode::FrameBuilder;
 use crate::proto::{BatchItems, Code};
 use crate::transport::inproc::{LocalMethod, Started};
@@ -50,11 +52,13 @@ pub(crate) struct TypedHandler<Req, Resp> {
     queue: Arc<LocalQueue<Req, Resp>>,
     /// The server, once built: the queue's dispatcher runs on it.
     server: OnceLock<Weak<Shared>>,
+    /// The method's metrics, set when the server is built if it keeps them.
+    metrics: OnceLock<Arc<MethodMetrics>>,
 }
 
 impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
     fn new(func: Func<Req, Resp>) -> Self {
-        TypedHandler { func, queue: LocalQueue::new(), server: OnceLock::new() }
+        TypedHandler { func, queue: LocalQueue::new(), server: OnceLock::new(), metrics: OnceLock::new() }
     }
 
     pub(crate) fn from_batch_fn<F, Fut>(f: F) -> Self
@@ -118,6 +122,11 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
         }
         let parts: Vec<_> = chunks(reqs, max).map(|part| self.run(part)).collect();
         Box::pin(async move { futures_util::future::join_all(parts).await.into_iter().flatten().collect() })
+    }
+
+    /// Starts measuring a batch of `n` requests, if the server keeps metrics.
+    fn meter(&self, n: usize) -> Option<Meter<Arc<MethodMetrics>>> {
+        self.metrics.get().map(|m| Meter::start(m.clone(), n, Timing::Batch))
     }
 
     fn max_batch(&self) -> usize {
@@ -188,8 +197,8 @@ pub(crate) trait Handler: Send + Sync {
     /// Serves one encoded request from this process and encodes the reply (for inproc callers
     /// that forward bytes).
     fn serve_raw(&self, payload: Bytes) -> Started<Result<Bytes, Status>>;
-    /// Ties the handler to its server, once built.
-    fn attach(&self, server: Weak<Shared>);
+    /// Ties the handler to its server, once built, and to its metrics if they are kept.
+    fn attach(&self, server: Weak<Shared>, metrics: Option<Arc<MethodMetrics>>);
     /// The server is shutting down: inproc callers queued from now on are refused.
     fn close(&self);
 }
@@ -230,14 +239,25 @@ fn answer<Req: Wire, Resp: Wire>(
     to: ReplyTo,
     n: usize,
     (values, bad): (Vec<Req>, Vec<(usize, Status)>),
+    meter: Option<Meter<Arc<MethodMetrics>>>,
 ) -> BoxFuture<'static, Box<dyn Replies>> {
     if values.is_empty() {
         // Nothing for the handler (no request decoded): do not call it.
-        let replies: Box<dyn Replies> = Box::new(Results::<Resp> { to, results: merge(n, Vec::new(), bad) });
+        let results = merge(n, Vec::new(), bad);
+        if let Some(m) = meter {
+            m.answered(&results);
+        }
+        let replies: Box<dyn Replies> = Box::new(Results::<Resp> { to, results });
         return Box::pin(std::future::ready(replies));
     }
     let fut = run(values);
-    Box::pin(async move { Box::new(Results { to, results: merge(n, fut.await, bad) }) as Box<dyn Replies> })
+    Box::pin(async move {
+        let results = merge(n, fut.await, bad);
+        if let Some(m) = meter {
+            m.answered(&results);
+        }
+        Box::new(Results { to, results }) as Box<dyn Replies>
+    })
 }
 
 impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
@@ -247,10 +267,12 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
         out: &mut FrameBuilder,
         deadline: Option<Instant>,
     ) -> Option<BoxFuture<'static, Box<dyn Replies>>> {
+        let n = reqs.len();
         if let Func::Sync(f) = &self.func {
             // A long group of slow requests can outlast its callers' budgets: the clock is read
             // every few requests (a read per request would cost more than a fast handler), and
             // once the latest deadline has passed, the rest are not run.
+            let meter = self.metrics.get().map(|m| Meter::start(&**m, n, Timing::Batch));
             let mut expired = Vec::new();
             for (i, (id, payload)) in reqs.drain(..).enumerate() {
                 let check = i % CLOCK_EVERY == CLOCK_EVERY - 1;
@@ -259,16 +281,23 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
                     continue;
                 }
                 let result = Req::decode(payload).map_err(undecodable).and_then(f);
+                if let (Some(m), Err(e)) = (&meter, &result) {
+                    m.method().error(code_index(e.code));
+                }
                 write_result(out, id, result);
             }
             if let Some(server) = self.server.get().and_then(Weak::upgrade).filter(|_| !expired.is_empty()) {
                 expire(&server, out, &expired);
             }
+            if let Some(m) = meter {
+                (0..expired.len()).for_each(|_| m.method().error(code_index(Code::DeadlineExceeded)));
+                m.end();
+            }
             return None;
         }
-        let n = reqs.len();
+        let meter = self.meter(n);
         let (ids, payloads): (Vec<u64>, Vec<Bytes>) = reqs.drain(..).unzip();
-        Some(answer(|v| self.run(v), ReplyTo::Each(ids), n, decode_all::<Req>(payloads.into_iter())))
+        Some(answer(|v| self.run(v), ReplyTo::Each(ids), n, decode_all::<Req>(payloads.into_iter()), meter))
     }
 
     fn serve_batch(
@@ -278,7 +307,8 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
         max_batch: usize,
     ) -> BoxFuture<'static, Box<dyn Replies>> {
         let n = items.len();
-        answer(|v| self.run_bounded(v, max_batch), ReplyTo::Batch(id), n, decode_all::<Req>(items.requests()))
+        let decoded = decode_all::<Req>(items.requests());
+        answer(|v| self.run_bounded(v, max_batch), ReplyTo::Batch(id), n, decoded, self.meter(n))
     }
 
     fn serve_raw(&self, payload: Bytes) -> Started<Result<Bytes, Status>> {
@@ -294,8 +324,11 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
         }
     }
 
-    fn attach(&self, server: Weak<Shared>) {
+    fn attach(&self, server: Weak<Shared>, metrics: Option<Arc<MethodMetrics>>) {
         let _ = self.server.set(server);
+        if let Some(m) = metrics {
+            let _ = self.metrics.set(m);
+        }
     }
 
     fn close(&self) {

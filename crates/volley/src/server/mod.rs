@@ -17,6 +17,7 @@ mod conn;
 mod dispatch;
 mod handler;
 mod local;
+mod observe;
 mod offload;
 mod replies;
 mod router;
@@ -36,6 +37,7 @@ use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::Keepalive;
 use crate::method::Method;
+use crate::metrics::MethodMetrics;
 use crate::proto::Limits;
 use crate::stats::{Counters, Snapshot};
 use crate::transport::Address;
@@ -46,6 +48,7 @@ use handler::TypedHandler;
 use router::{Route, Router};
 
 pub use batch::BatchResult;
+pub(crate) use observe::RegistrySource;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -93,6 +96,13 @@ pub struct ServerConfig {
     /// Certificate and key for `tls://` listeners (feature `tls`).
     #[cfg(feature = "tls")]
     pub tls: Option<crate::transport::tls::TlsServer>,
+    /// Whether per-method metrics are kept (calls, errors, latency, in flight, batch sizes).
+    /// Default on; the transport and connection counters are kept either way.
+    pub metrics: bool,
+    /// Where to serve the admin endpoint (`/metrics`, `/vars.json`, a status page) over HTTP:
+    /// `HOST:PORT`, or a bare `PORT` on 127.0.0.1. Started by the first `listen`. `None` (the
+    /// default): no endpoint.
+    pub admin: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +120,8 @@ impl Default for ServerConfig {
             tokens: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,
+            metrics: true,
+            admin: None,
         }
     }
 }
@@ -240,10 +252,24 @@ impl ServerBuilder {
         self
     }
 
+    /// Keeps per-method metrics (the default) or not. See [`ServerConfig::metrics`].
+    pub fn metrics(mut self, on: bool) -> Self {
+        self.config.metrics = on;
+        self
+    }
+
+    /// Serves the admin endpoint on `addr` (`HOST:PORT`, or a bare `PORT` on 127.0.0.1) from
+    /// the first [`Server::listen`] on: `GET /metrics` (Prometheus), `GET /vars.json` and a
+    /// status page at `/`. It never serves RPC. See [`Server::admin_address`].
+    pub fn admin(mut self, addr: impl Into<String>) -> Self {
+        self.config.admin = Some(addr.into());
+        self
+    }
+
     pub fn build(self) -> Server {
         let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
             for route in self.router.routes() {
-                route.handler.attach(me.clone());
+                route.handler.attach(me.clone(), self.config.metrics.then(|| route.metrics.clone()));
             }
             Shared {
                 router: self.router,
@@ -258,6 +284,7 @@ impl ServerBuilder {
                 queued: AtomicUsize::new(0),
                 expired: Default::default(),
                 cancelled: Default::default(),
+                observe: observe::Observe::default(),
             }
         });
         Server { shared }
@@ -266,7 +293,8 @@ impl ServerBuilder {
     fn route<Req: Wire, Resp: Wire>(mut self, m: &Method<Req, Resp>, h: TypedHandler<Req, Resp>) -> Self {
         let h = Arc::new(h);
         let local: AnyMethod<Req, Resp> = h.clone();
-        let route = Route { handler: h, local: Box::new(local) };
+        let metrics = Arc::new(MethodMetrics::new(m.service(), m.name()));
+        let route = Route { handler: h, local: Box::new(local), metrics };
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
         }
@@ -300,6 +328,8 @@ pub(crate) struct Shared {
     pub(crate) expired: std::sync::atomic::AtomicU64,
     /// Requests whose running handler was stopped because the client cancelled them.
     pub(crate) cancelled: std::sync::atomic::AtomicU64,
+    /// What the admin endpoint needs beyond the counters above.
+    pub(crate) observe: observe::Observe,
 }
 
 impl Shared {
@@ -315,7 +345,9 @@ impl Shared {
         n <= self.room() || self.queued.load(std::sync::atomic::Ordering::Relaxed) == 0
     }
 
-    pub(crate) fn overloaded(&self) -> Status {
+    /// The answer to `refused` requests turned away because the queue bound is full.
+    pub(crate) fn overloaded(&self, refused: usize) -> Status {
+        self.observe.overload_refusals.fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
         Status::new(
             crate::Code::Overloaded,
             format!("server is over its bound of {} queued requests", self.config.max_queued),
@@ -342,6 +374,7 @@ impl Server {
             return Err(Error::Closed);
         }
         let _ = self.shared.runtime.set(Handle::current());
+        self.start_admin().await?;
         let bound = if let Address::Inproc(name) = &addr {
             inproc::bind(name, self.local())?;
             addr.clone()

@@ -17,6 +17,8 @@ pub(crate) struct Route {
     /// What inproc callers call: the method's typed face, an
     /// [`AnyMethod`](crate::transport::inproc::AnyMethod) behind `Any`.
     pub local: Box<dyn Any + Send + Sync>,
+    /// The method's metrics (kept only if the server's config says so).
+    pub metrics: Arc<crate::metrics::MethodMetrics>,
 }
 
 #[derive(Default)]

@@ -1,0 +1,23 @@
+//! Metrics kept by the library: per (service, method) on servers and clients, per server
+//! (connections, transport, overload), and the registry's when the server is a controller.
+//!
+//! - `histogram.rs` — the lock-free histogram recorded on every call or batch;
+//! - `method.rs` — one method's counters and histograms, and the client's per-call meter;
+//! - `client.rs` — the process-wide table of the methods this process calls;
+//! - `scrape.rs` — everything read at one moment (what `/metrics` and `/vars.json` show);
+//! - `prometheus.rs` — a scrape in the Prometheus text format (the `prometheus-client` crate's
+//!   encoder); `vars.rs` — a scrape as JSON, with rates and quantiles over the last seconds.
+//!
+//! Recording costs a few relaxed atomic adds and (per call on a client, per handler batch on a
+//! server) two reads of the TSC clock (`quanta`); ARCHITECTURE.md has the choice and
+//! BENCHMARKS.md the measured cost. [`ServerConfig::metrics`](crate::ServerConfig) and
+//! [`ClientConfig::metrics`](crate::ClientConfig) turn it off.
+
+pub(crate) mod client;
+pub(crate) mod histogram;
+pub(crate) mod method;
+pub(crate) mod prometheus;
+pub(crate) mod scrape;
+pub(crate) mod vars;
+
+pub(crate) use method::{CallMeter, Meter, MethodMetrics, Timing};

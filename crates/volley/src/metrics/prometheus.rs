@@ -1,0 +1,228 @@
+//! A [`Scrape`] in the Prometheus text format (version 0.0.4), through the `prometheus-client`
+//! crate's encoder (names, label escaping, `# HELP`/`# TYPE`, histogram series). Our
+//! histograms are read at scrape time by a collector, not kept in the crate's own metric types:
+//! its `Histogram::observe` takes a mutex per observation.
+
+use std::fmt::Error as FmtError;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use super::histogram::Snapshot;
+use super::method::ERROR_LABELS;
+use super::scrape::{Named, Scrape};
+
+/// The `Content-Type` of the text this module writes.
+pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Latency bucket bounds: every power of four nanoseconds from 1 µs to 17 s (exact: powers of
+/// two are edges of the histogram's buckets).
+fn latency_bounds() -> impl Iterator<Item = u64> {
+    (10..=34).step_by(2).map(|p| 1u64 << p)
+}
+
+/// Batch and frame-size bounds: 1, 2, 4 ... 65,536.
+fn count_bounds() -> impl Iterator<Item = u64> {
+    (0..=16).map(|p| 1u64 << p)
+}
+
+/// The scrape as Prometheus text.
+pub(crate) fn encode(scrape: Scrape) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Collect(scrape)));
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+struct Collect(Scrape);
+
+impl std::fmt::Debug for Collect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Collect")
+    }
+}
+
+impl Collector for Collect {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), FmtError> {
+        let s = &self.0;
+        methods(&mut enc, "server", &s.server.methods)?;
+        methods(&mut enc, "client", &s.client)?;
+        server(&mut enc, s)?;
+        if let Some(r) = &s.registry {
+            let st = &r.stats;
+            gauge(
+                &mut enc,
+                "volley_registry_services",
+                "Services with at least one instance.",
+                r.services.len() as u64,
+            )?;
+            let mut m = enc.encode_descriptor(
+                "volley_registry_instances",
+                "Instances registered, per service.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for svc in &r.services {
+                m.encode_family(&[("service", svc.name.as_str())])?
+                    .encode_gauge(&(svc.instances.len() as u64))?;
+            }
+            counter(
+                &mut enc,
+                "volley_registry_lease_renewals",
+                "Lease renewals accepted.",
+                st.lease_renewals,
+            )?;
+            counter(
+                &mut enc,
+                "volley_registry_expired_instances",
+                "Instances removed as their lease lapsed.",
+                st.expired_instances,
+            )?;
+            counter(
+                &mut enc,
+                "volley_registry_watch_events",
+                "Watches answered with a change.",
+                st.watch_events,
+            )?;
+            counter(&mut enc, "volley_registry_resolves", "Services looked up.", st.resolves)?;
+            counter(
+                &mut enc,
+                "volley_registry_relayed_calls",
+                "Calls relayed to instances.",
+                st.relayed_calls,
+            )?;
+            gauge(
+                &mut enc,
+                "volley_registry_client_ids_held",
+                "Client ids held by open connections.",
+                st.client_ids_held,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn methods(enc: &mut DescriptorEncoder, side: &str, list: &[Named]) -> Result<(), FmtError> {
+    if list.is_empty() {
+        return Ok(());
+    }
+    let labels = |n: &Named| [("service", n.service.to_string()), ("method", n.method.to_string())];
+    let name = format!("volley_{side}_calls");
+    let mut m = enc.encode_descriptor(
+        &name,
+        "Calls that ended (answered, failed or abandoned).",
+        None,
+        MetricType::Counter,
+    )?;
+    for n in list {
+        m.encode_family(&labels(n))?.encode_counter::<NoLabelSet, _, u64>(&n.snap.calls, None)?;
+    }
+    let name = format!("volley_{side}_errors");
+    let mut m =
+        enc.encode_descriptor(&name, "Calls that ended in an error, by code.", None, MetricType::Counter)?;
+    for n in list {
+        for (i, &count) in n.snap.errors.iter().enumerate().filter(|(_, c)| **c > 0) {
+            let [s, me] = labels(n);
+            let l = [s, me, ("code", ERROR_LABELS[i].to_string())];
+            m.encode_family(&l)?.encode_counter::<NoLabelSet, _, u64>(&count, None)?;
+        }
+    }
+    let name = format!("volley_{side}_in_flight");
+    let mut m = enc.encode_descriptor(&name, "Calls started and not yet ended.", None, MetricType::Gauge)?;
+    for n in list {
+        m.encode_family(&labels(n))?.encode_gauge(&n.snap.in_flight)?;
+    }
+    let name = format!("volley_{side}_latency_seconds");
+    let help = "Time from a call's start to its end (a server: its handler batch's).";
+    let mut m = enc.encode_descriptor(&name, help, None, MetricType::Histogram)?;
+    for n in list {
+        histogram(&mut m.encode_family(&labels(n))?, &n.snap.latency, latency_bounds(), 1e-9)?;
+    }
+    let name = format!("volley_{side}_batch_size");
+    let help = "Requests per handler batch (server) or per batch chunk (client).";
+    let mut m = enc.encode_descriptor(&name, help, None, MetricType::Histogram)?;
+    for n in list {
+        histogram(&mut m.encode_family(&labels(n))?, &n.snap.batch, count_bounds(), 1.0)?;
+    }
+    Ok(())
+}
+
+fn server(enc: &mut DescriptorEncoder, s: &Scrape) -> Result<(), FmtError> {
+    let sv = &s.server;
+    gauge(enc, "volley_uptime_seconds", "Seconds since the admin endpoint started.", s.uptime.as_secs())?;
+    gauge(enc, "volley_server_connections_open", "Connections served now.", sv.connections.served as u64)?;
+    gauge(
+        enc,
+        "volley_server_connections_opening",
+        "Connections in their handshake now.",
+        sv.connections.opening as u64,
+    )?;
+    counter(enc, "volley_server_connections_accepted", "Connections accepted and served.", sv.accepted)?;
+    counter(
+        enc,
+        "volley_server_connections_refused",
+        "Connections refused (over max_connections).",
+        sv.refused,
+    )?;
+    counter(
+        enc,
+        "volley_server_connections_evicted",
+        "Opening connections closed to make room.",
+        sv.connections.opening_evicted,
+    )?;
+    counter(
+        enc,
+        "volley_server_overload_refusals",
+        "Requests answered Overloaded (queue bound full).",
+        sv.overload_refusals,
+    )?;
+    let t = &sv.transport;
+    counter(enc, "volley_server_frames_read", "Frames received.", t.frames_received)?;
+    counter(enc, "volley_server_frames_written", "Frames sent.", t.frames_sent)?;
+    counter(enc, "volley_server_messages_read", "Messages received.", t.messages_received)?;
+    counter(enc, "volley_server_messages_written", "Messages sent.", t.messages_sent)?;
+    counter(enc, "volley_server_bytes_read", "Bytes received.", t.bytes_received)?;
+    counter(enc, "volley_server_bytes_written", "Bytes sent.", t.bytes_sent)?;
+    for (name, help, h) in [
+        ("volley_server_messages_per_frame_read", "Messages per frame received.", &sv.per_frame_read),
+        ("volley_server_messages_per_frame_written", "Messages per frame sent.", &sv.per_frame_written),
+    ] {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        histogram(&mut m, h, count_bounds(), 1.0)?;
+    }
+    Ok(())
+}
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), FmtError> {
+    enc.encode_descriptor(name, help, None, MetricType::Counter)?
+        .encode_counter::<NoLabelSet, _, u64>(&v, None)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), FmtError> {
+    enc.encode_descriptor(name, help, None, MetricType::Gauge)?.encode_gauge(&v)
+}
+
+/// One histogram series: buckets at `bounds`, values scaled by `scale` (nanoseconds to seconds).
+fn histogram(
+    m: &mut MetricEncoder,
+    h: &Snapshot,
+    bounds: impl Iterator<Item = u64>,
+    scale: f64,
+) -> Result<(), FmtError> {
+    let bounds: Vec<u64> = bounds.collect();
+    let mut below = 0;
+    let buckets: Vec<(f64, u64)> = h
+        .cumulative(&bounds)
+        .into_iter()
+        .map(|(bound, cumulative)| {
+            let in_bucket = cumulative - below;
+            below = cumulative;
+            (bound as f64 * scale, in_bucket)
+        })
+        .collect();
+    m.encode_histogram::<NoLabelSet>(h.sum() as f64 * scale, h.count(), &buckets, None)
+}

@@ -1,0 +1,281 @@
+//! Metrics and the admin endpoint: what the counters and histograms say after a known number
+//! of calls, errors and batches; `/metrics` as Prometheus text; `/vars.json`; the status page;
+//! unknown paths; the switch that turns metrics off; a controller's registry.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use volley::registry::{Controller, ControllerConfig, LeaseConfig, Registry};
+use volley::{Client, ClientConfig, Code, Error, Method, Server, Status};
+
+/// Sends `request` as it is and returns the status code and the body.
+async fn http_raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out)).await.unwrap().unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_raw(addr, format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes()).await
+}
+
+async fn vars(addr: SocketAddr) -> Value {
+    let (code, body) = get(addr, "/vars.json").await;
+    assert_eq!(code, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+fn find<'a>(methods: &'a Value, service: &str, method: &str) -> &'a Value {
+    methods
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["service"] == service && m["method"] == method)
+        .unwrap_or_else(|| panic!("no {service}/{method} in {methods}"))
+}
+
+/// A server on tcp with its admin endpoint on an ephemeral loopback port.
+async fn serve(builder: volley::ServerBuilder) -> (Server, String, SocketAddr) {
+    let server = builder.admin("127.0.0.1:0").build();
+    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let admin = server.admin_address().expect("the admin endpoint started with listen");
+    assert!(admin.ip().is_loopback());
+    (server, addr, admin)
+}
+
+const SAY: Method<u32, u32> = Method::new("metrics-test", "say");
+const SUM: Method<u32, u32> = Method::new("metrics-test", "sum");
+/// For the tests that do not count (client metrics are per process, and tests run together).
+const OTHER: Method<u32, u32> = Method::new("metrics-other", "say");
+
+/// Odd numbers are refused with an application error.
+fn say(n: u32) -> Result<u32, Status> {
+    if n % 2 == 1 { Err(Status::new(Code::Application, "odd")) } else { Ok(n) }
+}
+
+#[tokio::test]
+async fn server_counters_match_the_calls_errors_and_batches_made() {
+    let builder = Server::builder()
+        .handle_fn(&SAY, say)
+        .handle_batch(&SUM, |reqs: Vec<u32>| async move { reqs.into_iter().map(Ok).collect() });
+    let (server, addr, admin) = serve(builder).await;
+    let client = Client::connect(&addr).await.unwrap();
+    // 20 calls one at a time, 7 of them odd: 7 application errors.
+    let mut odd = 0;
+    for n in 0..20u32 {
+        let n = if n < 7 { 2 * n + 1 } else { 2 * n };
+        odd += (n % 2) as u64;
+        let r = client.call(&SAY, n).await;
+        assert_eq!(r.is_err(), n % 2 == 1);
+    }
+    // One batch request of 50: one handler batch of 50.
+    let results = client.call_batch(&SUM, (0..50u32).collect::<Vec<_>>()).await;
+    assert!(results.len() == 50 && results.iter().all(Result::is_ok));
+
+    let v = vars(admin).await;
+    let say_m = find(&v["server"]["methods"], "metrics-test", "say");
+    assert_eq!(say_m["calls"], 20);
+    assert_eq!(say_m["errors"]["application"], odd);
+    assert_eq!(say_m["error_total"], 7);
+    assert_eq!(say_m["in_flight"], 0);
+    assert_eq!(say_m["latency_us"]["count"], 20);
+    assert_eq!(say_m["batch"]["count"], 20, "each call came alone: 20 batches of one");
+    assert_eq!(say_m["batch"]["p99"], 1);
+    let sum_m = find(&v["server"]["methods"], "metrics-test", "sum");
+    assert_eq!(sum_m["calls"], 50);
+    assert_eq!(sum_m["error_total"], 0);
+    assert_eq!(sum_m["batch"]["count"], 1);
+    assert_eq!(sum_m["batch"]["mean"], 50.0, "one handler batch of 50");
+    assert_eq!(sum_m["latency_us"]["count"], 50);
+    // The client side of the same calls, kept for the process.
+    let client_say = find(&v["client"]["methods"], "metrics-test", "say");
+    assert_eq!(client_say["calls"], 20);
+    assert_eq!(client_say["errors"]["application"], 7);
+    let client_sum = find(&v["client"]["methods"], "metrics-test", "sum");
+    assert_eq!((client_sum["calls"].as_u64(), client_sum["batch"]["mean"].as_f64()), (Some(50), Some(50.0)));
+    // Transport: 21 requests read (20 requests and one batch request), in at least one frame.
+    let t = &v["server"]["transport"];
+    assert_eq!(t["messages_received"], 21);
+    assert_eq!(v["server"]["connections"]["accepted"], 1);
+    assert_eq!(v["server"]["connections"]["open"], 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_parse_as_prometheus_text_with_the_methods_labels() {
+    const ECHO: Method<u32, u32> = Method::new("prom-test", "echo");
+    let (server, addr, admin) = serve(
+        Server::builder()
+            .handle_fn(&ECHO, |n| if n == 0 { Err(Status::new(Code::BadRequest, "zero")) } else { Ok(n) }),
+    )
+    .await;
+    let client = Client::connect(&addr).await.unwrap();
+    for n in 0..12u32 {
+        let _ = client.call(&ECHO, n).await;
+    }
+    let (code, body) = get(admin, "/metrics").await;
+    assert_eq!(code, 200);
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let sample = |name: &str, labels: &[(&str, &str)]| -> Option<prometheus_parse::Value> {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| s.value.clone())
+    };
+    let method = [("service", "prom-test"), ("method", "echo")];
+    match sample("volley_server_calls_total", &method) {
+        Some(prometheus_parse::Value::Counter(v)) => assert_eq!(v, 12.0),
+        other => panic!("calls: {other:?}"),
+    }
+    let errors = [("service", "prom-test"), ("method", "echo"), ("code", "bad_request")];
+    match sample("volley_server_errors_total", &errors) {
+        Some(prometheus_parse::Value::Counter(v)) => assert_eq!(v, 1.0),
+        other => panic!("errors: {other:?}"),
+    }
+    match sample("volley_server_latency_seconds", &method) {
+        Some(prometheus_parse::Value::Histogram(buckets)) => {
+            assert_eq!(buckets.last().unwrap().count, 12.0, "the +Inf bucket holds every call");
+            assert!(buckets.windows(2).all(|w| w[0].count <= w[1].count), "buckets are cumulative");
+        }
+        other => panic!("latency: {other:?}"),
+    }
+    match sample("volley_client_calls_total", &method) {
+        Some(prometheus_parse::Value::Counter(v)) => assert_eq!(v, 12.0),
+        other => panic!("client calls: {other:?}"),
+    }
+    assert!(sample("volley_server_connections_open", &[]).is_some());
+    assert!(sample("volley_server_messages_per_frame_read", &[]).is_some());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_admin_endpoint_answers_only_its_pages() {
+    let (server, addr, admin) = serve(Server::builder().handle_fn(&OTHER, say)).await;
+    assert_eq!(get(admin, "/nope").await.0, 404);
+    assert_eq!(get(admin, "/metrics/extra").await.0, 404);
+    assert_eq!(http_raw(admin, b"POST /metrics HTTP/1.1\r\n\r\n").await.0, 405);
+    assert_eq!(http_raw(admin, b"this is not http\r\n\r\n").await.0, 400);
+    let (code, page) = get(admin, "/").await;
+    assert_eq!(code, 200);
+    assert!(page.contains("<script>") && page.contains("vars.json"));
+    assert!(!page.contains("http://") && !page.contains("https://"), "the page loads nothing from elsewhere");
+    // The admin port never serves RPC: a Volley client cannot call through it.
+    let c = ClientConfig::default().connect_timeout(Duration::from_secs(5)).timeout(Duration::from_secs(5));
+    let via_admin = match Client::connect_with(&format!("tcp://{admin}"), c).await {
+        Ok(client) => client.call(&OTHER, 2).await.map(drop),
+        Err(e) => Err(e),
+    };
+    assert!(via_admin.is_err(), "an RPC call through the admin port must fail");
+    // RPC on the real port still works.
+    assert_eq!(Client::connect(&addr).await.unwrap().call(&OTHER, 4).await.unwrap(), 4);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_silent_or_oversized_http_client_does_not_hold_up_the_endpoint_or_rpc() {
+    let (server, addr, admin) = serve(Server::builder().handle_fn(&OTHER, say)).await;
+    // A client that connects and never sends anything, and one that sends a head without end.
+    let _silent = TcpStream::connect(admin).await.unwrap();
+    let mut flood = TcpStream::connect(admin).await.unwrap();
+    let junk = vec![b'a'; 64 << 10];
+    let _ = flood.write_all(b"GET /").await;
+    let _ = flood.write_all(&junk).await; // over the head limit: closed, not buffered forever
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(20), flood.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "an oversized request head gets its connection closed");
+    // Others are served meanwhile, and RPC is untouched.
+    assert_eq!(get(admin, "/vars.json").await.0, 200);
+    assert_eq!(Client::connect(&addr).await.unwrap().call(&OTHER, 6).await.unwrap(), 6);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_metrics_off_no_method_is_counted() {
+    const OFF: Method<u32, u32> = Method::new("metrics-off-test", "say");
+    let (server, addr, admin) = serve(Server::builder().metrics(false).handle_fn(&OFF, say)).await;
+    let client = Client::connect_with(&addr, ClientConfig::default().metrics(false)).await.unwrap();
+    for n in 0..5u32 {
+        let _ = client.call(&OFF, n * 2).await.unwrap();
+    }
+    let v = vars(admin).await;
+    assert_eq!(v["server"]["metrics"], false);
+    assert_eq!(v["server"]["methods"].as_array().unwrap().len(), 0);
+    let client_methods = v["client"]["methods"].as_array().unwrap();
+    assert!(!client_methods.iter().any(|m| m["service"] == "metrics-off-test"));
+    // The transport counters are kept either way.
+    assert_eq!(v["server"]["transport"]["messages_received"], 5);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_counts_a_timed_out_call_as_a_timeout() {
+    const SLOW: Method<u32, u32> = Method::new("metrics-timeout-test", "slow");
+    let (server, addr, admin) = serve(Server::builder().handle(&SLOW, |n: u32| async move {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok(n)
+    }))
+    .await;
+    let client = Client::connect(&addr).await.unwrap();
+    let opts = volley::CallOptions::default().timeout(Duration::from_millis(50));
+    let r = client.call_with(&SLOW, 1, opts).await;
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    let v = vars(admin).await;
+    let m = find(&v["client"]["methods"], "metrics-timeout-test", "slow");
+    assert_eq!((m["calls"].as_u64(), m["errors"]["timeout"].as_u64()), (Some(1), Some(1)));
+    // The client cancelled the call when it gave up, so the server stopped its handler: the
+    // call ends there too, long before the handler's 60 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = vars(admin).await;
+        let m = find(&v["server"]["methods"], "metrics-timeout-test", "slow");
+        if m["calls"] == 1 && m["in_flight"] == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the handler was not stopped: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_controllers_endpoint_shows_its_services_instances_and_leases() {
+    let mut config = ControllerConfig::default();
+    config.settle = Duration::ZERO;
+    config.admin = Some("127.0.0.1:0".into());
+    let controller = Controller::new(config);
+    let caddr = controller.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let admin = controller.admin_address().unwrap();
+    let registry = Registry::connect(&caddr).await.unwrap();
+    const PING: Method<u32, u32> = Method::new("registry-shown", "ping");
+    let server = Server::builder().handle_fn(&PING, Ok).build();
+    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap();
+    let lease = LeaseConfig::default();
+    let spec = volley::registry::InstanceSpec::new("registry-shown", addr.to_string());
+    let _registration = registry.register(&server, vec![spec], lease).await.unwrap();
+
+    let v = vars(admin).await;
+    let reg = &v["registry"];
+    let svc = reg["services"].as_array().unwrap().iter().find(|s| s["name"] == "registry-shown").unwrap();
+    let inst = &svc["instances"][0];
+    assert_eq!(inst["instance"]["address"], addr.to_string());
+    assert!(inst["lease_ttl_ms"].as_u64().unwrap() > 0);
+    // Ids are random 64-bit numbers: strings, so that JavaScript does not round them.
+    assert!(inst["instance"]["lease"].as_str().unwrap().parse::<u64>().is_ok());
+    assert!(reg["stats"]["client_ids_held"].as_u64().unwrap() >= 1);
+    // The controller's own methods are on its status: one register call at least.
+    let register = find(&v["server"]["methods"], "volley.registry", "register");
+    assert!(register["calls"].as_u64().unwrap() >= 1);
+    let (_, text) = get(admin, "/metrics").await;
+    assert!(text.contains("volley_registry_instances{service=\"registry-shown\"} 1"), "{text}");
+    server.shutdown().await;
+    controller.shutdown().await;
+}
