@@ -67,6 +67,10 @@ pub struct ClientConfig {
     /// TLS settings for `tls://` addresses (feature `tls`).
     #[cfg(feature = "tls")]
     pub tls: Option<crate::transport::tls::TlsClient>,
+    /// Bytes of each of the two rings (one per direction) of a `shm://` connection: a power of
+    /// two from 4 KiB to 64 MiB. The memory is shared with the server and held while the
+    /// connection is open. Larger messages stream through. Default 1 MiB.
+    pub shm_ring: usize,
 }
 
 impl Default for ClientConfig {
@@ -83,6 +87,7 @@ impl Default for ClientConfig {
             keepalive: Some(crate::Keepalive::default()),
             #[cfg(feature = "tls")]
             tls: None,
+            shm_ring: 1 << 20,
         }
     }
 }
@@ -326,9 +331,9 @@ impl Inner {
                 });
             }
             #[cfg(feature = "tls")]
-            let stream = socket::connect(&self.addr, self.config.tls.as_ref()).await?;
+            let stream = socket::connect(&self.addr, self.config.shm_ring, self.config.tls.as_ref()).await?;
             #[cfg(not(feature = "tls"))]
-            let stream = socket::connect(&self.addr).await?;
+            let stream = socket::connect(&self.addr, self.config.shm_ring).await?;
             Ok(Conn::Stream(StreamConn::start(stream, self.conn_options(), self.counters.clone())))
         };
         tokio::time::timeout(self.config.connect_timeout, connect)
