@@ -666,15 +666,21 @@ struct Side {
     registry_mode: RegistryMode,
 }
 
+/// The client settings of every caller: the token, if one was given.
+fn client_config(args: &BenchArgs) -> volley::ClientConfig {
+    let mut config = volley::ClientConfig::default();
+    config.token = args.token.clone().map(String::into_bytes);
+    config
+}
+
 impl Side {
     async fn connect(api: Api, target: Target, args: &BenchArgs) -> Result<Side, String> {
         let (caller, transport, registry_mode) = match &target {
             Target::Plain(addr) => {
-                let config = volley::ClientConfig {
-                    tls: addr.starts_with("tls://").then(|| bench_tls().1.clone()),
-                    token: args.token.clone().map(String::into_bytes),
-                    ..Default::default()
-                };
+                let mut config = client_config(args);
+                if addr.starts_with("tls://") {
+                    config = config.tls(bench_tls().1.clone());
+                }
                 let client = if args.raw {
                     None
                 } else {
@@ -688,14 +694,8 @@ impl Side {
                 (caller, transport, RegistryMode::None)
             }
             Target::Registry(reg, mode) => {
-                let config = ServiceConfig {
-                    mode: if *mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct },
-                    client: volley::ClientConfig {
-                        token: args.token.clone().map(String::into_bytes),
-                        ..Default::default()
-                    },
-                    ..ServiceConfig::default()
-                };
+                let how = if *mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct };
+                let config = ServiceConfig::default().mode(how).client(client_config(args));
                 let what = format!("registry {reg}");
                 let client =
                     ServiceClient::connect_with(reg, config).await.map_err(|e| match e.is_permanent() {

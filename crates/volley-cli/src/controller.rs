@@ -29,7 +29,8 @@ pub fn serve(
             eprintln!("warning: {OPEN_REGISTRATION}");
         }
         let tokens = token.into_iter().map(String::into_bytes).collect();
-        let config = ControllerConfig { registration_credential, tokens, ..ControllerConfig::default() };
+        let mut config = ControllerConfig::default().tokens(tokens);
+        config.registration_credential = registration_credential;
         let controller = match store {
             "memory" => Controller::new(config),
             s if s.starts_with("etcd://") => etcd_controller(s, config).await?,
@@ -72,7 +73,8 @@ async fn etcd_controller(url: &str, _: ControllerConfig) -> Result<Controller, S
 pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), String> {
     runtime()?.block_on(async {
         let what = format!("registry {registry}");
-        let config = ClientConfig { token: token.map(String::into_bytes), ..ClientConfig::default() };
+        let mut config = ClientConfig::default();
+        config.token = token.map(String::into_bytes);
         let r = Registry::connect_with(registry, config).await.map_err(|e| match e.is_permanent() {
             true => refusal::connecting(&what, &e, "--token", "VOLLEY_TOKEN"),
             false => format!("{what}: {e}"),

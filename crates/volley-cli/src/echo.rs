@@ -162,8 +162,8 @@ struct Registering {
 impl Registering {
     async fn run(self) -> Result<(), String> {
         let what = format!("registry {}", self.registry);
-        let config =
-            ClientConfig { token: self.token.clone().map(String::into_bytes), ..ClientConfig::default() };
+        let mut config = ClientConfig::default();
+        config.token = self.token.clone().map(String::into_bytes);
         let mut warned = false;
         loop {
             let failed = match Registry::connect_with(&self.registry, config.clone()).await {

@@ -316,7 +316,7 @@ fn pollution(args: &RegistryBenchArgs) -> Result<(), String> {
         let polluted_fleet = Fleet::start(args.live)?;
         let report = rt.block_on(async {
             pollute(&polluted_fleet.registry, args.dead).await?;
-            let config = ServiceConfig { mode: Mode::Direct, ..ServiceConfig::default() };
+            let config = ServiceConfig::default().mode(Mode::Direct);
             let clean_client = ServiceClient::connect_with(&clean_fleet.registry, config.clone())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -498,7 +498,7 @@ fn restart_run(
     })?;
     let attempts = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
     let result = rt.block_on(async {
-        let config = ServiceConfig { mode: Mode::Relayed, ..ServiceConfig::default() };
+        let config = ServiceConfig::default().mode(Mode::Relayed);
         let client = ServiceClient::connect_with(&ctl_addr, config).await.map_err(|e| e.to_string())?;
         let mut controller = Some((ctl_stop, ctl_thread));
         let mut restarted = None;

@@ -34,11 +34,10 @@ fn short_lease() -> LeaseConfig {
     // etcd counts whole seconds and raises very short leases to its minimum (about 2 s). A
     // first registration may take up to the ttl, a renewal up to `renew_every` (an etcd write
     // on a busy machine can be slow), so neither is very short.
-    LeaseConfig {
-        ttl: Duration::from_secs(3),
-        renew_every: Some(Duration::from_secs(1)),
-        retry_every: Some(Duration::from_millis(100)),
-    }
+    LeaseConfig::default()
+        .ttl(Duration::from_secs(3))
+        .renew_every(Some(Duration::from_secs(1)))
+        .retry_every(Some(Duration::from_millis(100)))
 }
 
 async fn store(etcd: &Etcd, prefix: &str) -> EtcdStore {
@@ -54,12 +53,10 @@ async fn controller(etcd: &Etcd, prefix: &str) -> (Controller, String) {
 }
 
 fn service_config() -> ServiceConfig {
-    ServiceConfig {
-        mode: Mode::Direct,
-        watch_timeout: Duration::from_secs(2),
-        max_backoff: Duration::from_millis(100),
-        ..ServiceConfig::default()
-    }
+    ServiceConfig::default()
+        .mode(Mode::Direct)
+        .watch_timeout(Duration::from_secs(2))
+        .max_backoff(Duration::from_millis(100))
 }
 
 /// An instance of `SERVICE` named `name`, registered through `registry`.

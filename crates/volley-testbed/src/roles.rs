@@ -221,11 +221,7 @@ pub async fn start<C: Codec>(
     listen: &str,
 ) -> Result<RunningRole, volley::Error> {
     let connect = || async {
-        ServiceClient::connect_with(
-            &settings.registry,
-            ServiceConfig { mode: settings.mode, ..Default::default() },
-        )
-        .await
+        ServiceClient::connect_with(&settings.registry, ServiceConfig::default().mode(settings.mode)).await
     };
     let builder = match role {
         Role::La => Server::builder().serve(LaServer::<C, _>::new(LaRole)),

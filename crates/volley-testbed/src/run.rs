@@ -48,10 +48,7 @@ impl Transport {
 }
 
 pub fn mode_name(m: Mode) -> &'static str {
-    match m {
-        Mode::Direct => "direct",
-        Mode::Relayed => "relayed",
-    }
+    m.name()
 }
 
 /// One configuration of the testbed.
@@ -275,8 +272,7 @@ impl Roles {
 
 async fn run_tier<C: Codec>(setup: &Setup, work: &Workload, config: Config) -> Result<Outcome, TestbedError> {
     let addrs = Addresses::new(config.transport)?;
-    let controller =
-        Controller::new(ControllerConfig { settle: Duration::ZERO, ..ControllerConfig::default() });
+    let controller = Controller::new(ControllerConfig::default().settle(Duration::ZERO));
     let registry = controller.listen(&addrs.of("registry")).await?.to_string();
     let settings = RoleSettings {
         registry: registry.clone(),
@@ -310,9 +306,7 @@ async fn measure<C: Codec>(
     roles: &Roles,
     controller: &Controller,
 ) -> Result<Outcome, TestbedError> {
-    let client =
-        ServiceClient::connect_with(registry, ServiceConfig { mode: config.mode, ..Default::default() })
-            .await?;
+    let client = ServiceClient::connect_with(registry, ServiceConfig::default().mode(config.mode)).await?;
     let driver = Driver::<C>::new(client, config.batch);
     let traffic = |c: Counts| {
         let s = controller.stats().server;

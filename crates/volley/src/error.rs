@@ -7,6 +7,7 @@ use crate::proto::{Code, ProtocolError};
 /// Everything a call, a connect or a listen can fail with. Every call ends in exactly one
 /// result: a reply, or one of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The call's deadline passed before a reply arrived.
     #[error("call timed out after {0:?}")]

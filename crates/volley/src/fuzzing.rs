@@ -175,7 +175,7 @@ pub struct FuzzHits {
 }
 
 /// The fast tier (bitcode, serde and derive) on arbitrary bytes, and the registry's messages
-/// (bitcode, and the relay's hand-written encoding): a typed error or a value, never a panic.
+/// (JSON, and the relay's hand-written encoding): a typed error or a value, never a panic.
 pub fn codec_fast(data: &[u8]) {
     let _ = crate::codec::fast::serde_decode::<FuzzDoc>(data);
     let _ = crate::codec::fast::decode::<FuzzHits>(data);

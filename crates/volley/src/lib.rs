@@ -36,29 +36,41 @@
 //! Ok(s) })`, `client.call(&EchoMethods::SAY, s)`. The generated code is made of exactly these
 //! calls, and they remain available for anything the traits do not cover.
 //!
-//! Layers, bottom up: [`proto`] (sans-IO wire format), [`transport`] (inproc, unix, tcp;
-//! send-side bundling and batch reads), [`codec`] (how values become bytes), then
+//! Layers, bottom up: the sans-IO wire format (`proto`, docs/PROTOCOL.md), [`transport`]
+//! (inproc, unix, tcp, tls; send-side bundling and batch reads), [`codec`] (how values become
+//! bytes), then
 //! [`Client`] and [`Server`]; on top, [`#[volley::service]`](macro@service) (services as
-//! traits, with [`service`] for what it generates code against), the [`registry`]
+//! traits, with [`service`](mod@service) for what it generates code against), the [`registry`]
 //! (controller, leases, watches, client ids) and [`ServiceClient`] (calls by service name:
 //! balancing, key routing, failover, scatter-gather). `docs/ARCHITECTURE.md` tells the whole
 //! story; `docs/SERVICES.md` is the guide to services.
 
 mod chunks;
-pub mod client;
+mod client;
 pub mod codec;
 mod error;
-#[doc(hidden)]
-pub mod fuzzing;
 mod liveness;
 mod method;
-pub mod pool;
-pub mod proto;
 pub mod registry;
-pub mod server;
+mod server;
 pub mod service;
-pub mod stats;
+mod stats;
 pub mod transport;
+
+// The wire format's building blocks, the memory pools and the fuzz entry points: public only
+// with the feature `internals`, for the project's own tests, benchmarks, fuzz targets and
+// tools, with no promise of stability. Everything an application needs is re-exported below.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod fuzzing;
+#[cfg(feature = "internals")]
+pub mod pool;
+#[cfg(not(feature = "internals"))]
+mod pool;
+#[cfg(feature = "internals")]
+pub mod proto;
+#[cfg(not(feature = "internals"))]
+mod proto;
 
 pub use bitcode;
 pub use bytemuck;
@@ -68,9 +80,9 @@ pub use codec::{ByteString, CodecError, PodVec, StableHash, Tier, Wire};
 pub use error::{Error, ErrorClass, Result, Status};
 pub use liveness::Keepalive;
 pub use method::Method;
-pub use proto::Code;
+pub use proto::{Code, Extensions, Limits, ProtocolError, TraceParent};
 pub use registry::{Registry, ServiceClient};
-pub use server::{Server, ServerBuilder, ServerConfig};
+pub use server::{BatchResult, ConnectionCounts, Server, ServerBuilder, ServerConfig, current_peer};
 pub use stats::Snapshot;
 pub use transport::Address;
 

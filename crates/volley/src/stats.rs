@@ -16,6 +16,7 @@ pub struct Counters {
 
 /// A copy of the counters at one moment.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct Snapshot {
     pub frames_sent: u64,
     pub messages_sent: u64,

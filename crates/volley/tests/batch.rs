@@ -233,7 +233,7 @@ async fn callers_wait_for_room_under_the_in_flight_bound() {
         })
         .build();
     let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
-    let config = volley::ClientConfig { max_in_flight: 16, ..Default::default() };
+    let config = volley::ClientConfig::default().max_in_flight(16);
     let client = Client::connect_with(&bound.to_string(), config).await.unwrap();
     let mut calls = Vec::new();
     for x in 0..100u64 {

@@ -105,7 +105,7 @@ fn overload_keeps_memory_bounded() {
             })
             .build();
         let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
-        let config = volley::ClientConfig { max_in_flight: 10_000, ..Default::default() };
+        let config = volley::ClientConfig::default().max_in_flight(10_000);
         let client = Client::connect_with(&bound.to_string(), config).await.unwrap();
         let base = CURRENT.load(Ordering::Relaxed);
         PEAK.store(base, Ordering::Relaxed);

@@ -613,14 +613,14 @@ const MAKE_BLOB: Method<u64, bytes::Bytes> = Method::new("failures", "make_blob"
 /// replies over the server's limit become `Code::TooLarge` error replies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_large_requests_and_replies() {
-    let limits = volley::proto::Limits { max_frame_len: 1000, ..Default::default() };
+    let limits = volley::Limits::default().max_frame_len(1000);
     let server = Server::builder()
         .limits(limits)
         .handle(&BLOB, |b: bytes::Bytes| async move { Ok(b.len() as u64) })
         .handle(&MAKE_BLOB, |n: u64| async move { Ok(bytes::Bytes::from(vec![9u8; n as usize])) })
         .build();
     let bound = server.listen("tcp://127.0.0.1:0").await.unwrap();
-    let config = volley::ClientConfig { limits, ..Default::default() };
+    let config = volley::ClientConfig::default().limits(limits);
     let client = Client::connect_with(&bound.to_string(), config).await.unwrap();
     let sent_before = client.counters();
 

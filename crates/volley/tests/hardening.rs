@@ -138,7 +138,7 @@ async fn keepalive_fails_pending_calls_on_a_silent_server() {
         while s.read(&mut sink).await.unwrap_or(0) > 0 {}
     });
     let k = Keepalive::new(Duration::from_millis(100), Duration::from_millis(200));
-    let config = ClientConfig { keepalive: Some(k), ..Default::default() };
+    let config = ClientConfig::default().keepalive(Some(k));
     let c = Client::connect_with(&format!("tcp://{addr}"), config).await.unwrap();
     let t0 = Instant::now();
     let r =
@@ -160,9 +160,7 @@ async fn server_keepalive_closes_a_peer_that_does_not_answer_pings() {
     let s = server().keepalive(Some(k)).build();
     let addr = s.listen("tcp://127.0.0.1:0").await.unwrap();
     let live =
-        Client::connect_with(&addr.to_string(), ClientConfig { keepalive: None, ..Default::default() })
-            .await
-            .unwrap();
+        Client::connect_with(&addr.to_string(), ClientConfig::default().keepalive(None)).await.unwrap();
     let mut mute = TcpStream::connect(tcp(&addr)).await.unwrap();
     mute.write_all(&PREAMBLE).await.unwrap();
     let t0 = Instant::now();
@@ -190,7 +188,7 @@ async fn shutdown_with_deadline_finishes_quick_work_and_drops_the_rest() {
     let opts = CallOptions::default().timeout(Duration::from_secs(120));
     let quick = tokio::spawn(async move { c1.call_with(&SLEEP, 200, opts).await });
     let slow = tokio::spawn(async move { c2.call_with(&SLEEP, 60_000, opts).await });
-    let batch_opts = volley::BatchOptions { timeout: Some(Duration::from_secs(120)), ..Default::default() };
+    let batch_opts = volley::BatchOptions::default().timeout(Duration::from_secs(120));
     let slow_batch =
         tokio::spawn(async move { c3.call_batch_with(&SLEEP, [60_000, 60_000, 60_000], batch_opts).await });
     // All three requests are in handlers before shutdown starts.
@@ -234,7 +232,9 @@ async fn shutdown_with_deadline_reports_a_complete_drain() {
 }
 
 fn with_token(token: Option<&str>) -> ClientConfig {
-    ClientConfig { token: token.map(|t| t.as_bytes().to_vec()), ..Default::default() }
+    let mut config = ClientConfig::default();
+    config.token = token.map(|t| t.as_bytes().to_vec());
+    config
 }
 
 /// A server with a token: a client without it, or with a wrong one, is refused with
@@ -317,10 +317,7 @@ async fn registering_without_the_credential_is_refused_and_leaves_the_instance_a
     use volley::registry::wire::{DEREGISTER, LeaseRequest, RENEW};
     use volley::registry::{Controller, ControllerConfig, InstanceSpec, LeaseConfig, Registry};
 
-    let config = ControllerConfig {
-        registration_credential: Some("reg-s3cret".into()),
-        ..ControllerConfig::default()
-    };
+    let config = ControllerConfig::default().registration_credential("reg-s3cret");
     let controller = Controller::new(config);
     let reg_addr = controller.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
 
@@ -387,7 +384,7 @@ const WHO_ASKS: Method<(), String> = Method::new("hardening", "who_asks");
 async fn handlers_see_the_peer_address() {
     let s = Server::builder()
         .handle(&WHO_ASKS, |()| async move {
-            Ok(volley::server::current_peer().map(|p| p.to_string()).unwrap_or_default())
+            Ok(volley::current_peer().map(|p| p.to_string()).unwrap_or_default())
         })
         .build();
     let addr = s.listen("tcp://127.0.0.1:0").await.unwrap();

@@ -133,7 +133,7 @@ async fn a_large_batch_chunk_is_served_on_the_pool_with_every_item_in_order() {
     let server = server(64 << 10);
     let client = connect(&server, "tcp").await;
     let sent: Vec<Blob> = (0..40).map(|i| blob(i, 8 << 10)).collect();
-    let opts = BatchOptions { chunk_size: 20, ..BatchOptions::default() };
+    let opts = BatchOptions::default().chunk_size(20);
     let replies = client.call_batch_with(&ECHO, sent.clone(), opts).await;
     assert_eq!(replies.len(), sent.len());
     for (want, got) in sent.iter().zip(replies) {

@@ -262,7 +262,7 @@ fn limits_strategy() -> impl Strategy<Value = Limits> {
     prop_oneof![
         Just(Limits::default()),
         (1usize..=6, 2600usize..=8000).prop_map(|(max_messages_per_frame, max_frame_len)| {
-            Limits { max_frame_len, max_messages_per_frame, ..Limits::default() }
+            Limits::default().max_frame_len(max_frame_len).max_messages_per_frame(max_messages_per_frame)
         }),
     ]
 }
@@ -394,7 +394,7 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 
 fn small_limits() -> Limits {
-    Limits { max_frame_len: 1000, max_messages_per_frame: 4, ..Limits::default() }
+    Limits::default().max_frame_len(1000).max_messages_per_frame(4)
 }
 
 /// A frame (length prefix + body) holding exactly `body`.
@@ -458,7 +458,7 @@ fn too_many_messages_in_one_frame() {
     assert_eq!(fb.counts(), (1, 5));
     let frame: Vec<u8> = segs.concat();
 
-    let strict = Limits { max_messages_per_frame: 4, ..Limits::default() };
+    let strict = Limits::default().max_messages_per_frame(4);
     let mut dec = Decoder::after_preamble(strict);
     let mut buf = BytesMut::from(&frame[..]);
     let body = dec.next_frame(&mut buf).unwrap().expect("a whole frame");
@@ -468,7 +468,7 @@ fn too_many_messages_in_one_frame() {
     assert_eq!(out, vec![Message::Ping { token: 99 }]);
 
     // Five is fine when the limit is five.
-    let five = Limits { max_messages_per_frame: 5, ..Limits::default() };
+    let five = Limits::default().max_messages_per_frame(5);
     let mut out = Vec::new();
     decode_frame(&body, &five, &mut out).unwrap();
     assert_eq!(out, (0..5).map(|token| Message::Ping { token }).collect::<Vec<_>>());
@@ -734,7 +734,7 @@ fn payload_encoder_error_queues_nothing() {
 
 #[test]
 fn builder_cuts_frames_by_message_count() {
-    let limits = Limits { max_messages_per_frame: 3, ..Limits::default() };
+    let limits = Limits::default().max_messages_per_frame(3);
     let mut fb = FrameBuilder::new(limits);
     for t in 0..10 {
         fb.ping(t);
@@ -765,7 +765,7 @@ fn builder_cuts_frames_by_message_count() {
 fn builder_cuts_frames_by_size() {
     // Replies of 1 + 8 + 4 + 400 = 413 bytes: two fit in 1000, a third does not.
     let limits = small_limits();
-    let limits = Limits { max_messages_per_frame: 100, ..limits };
+    let limits = limits.max_messages_per_frame(100);
     let mut fb = FrameBuilder::new(limits);
     for id in 0..5 {
         fb.reply_bytes(id, Bytes::from(vec![id as u8; 400])).unwrap();

@@ -40,7 +40,7 @@ fn unix_address(tag: &str) -> String {
 
 /// A controller for tests: lapsed leases are found within 10 ms; no settling unless asked.
 fn controller_config(settle: Duration) -> ControllerConfig {
-    ControllerConfig { expiry_tick: Duration::from_millis(10), settle, ..ControllerConfig::default() }
+    ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(settle)
 }
 
 async fn start_controller(addr: &str, settle: Duration) -> (Controller, String) {
@@ -50,12 +50,10 @@ async fn start_controller(addr: &str, settle: Duration) -> (Controller, String) 
 }
 
 fn service_config(mode: Mode) -> ServiceConfig {
-    ServiceConfig {
-        mode,
-        watch_timeout: Duration::from_secs(2),
-        max_backoff: Duration::from_millis(50),
-        ..ServiceConfig::default()
-    }
+    ServiceConfig::default()
+        .mode(mode)
+        .watch_timeout(Duration::from_secs(2))
+        .max_backoff(Duration::from_millis(50))
 }
 
 /// An instance of `reg-test` named `name`; `hits` counts `double` executions.
@@ -151,7 +149,11 @@ async fn lease_expiry_removes_an_instance_and_renewal_keeps_one() {
     let server = instance("i1", Arc::default());
     let bound = server.listen(&format!("inproc://{}", unique("lease-live"))).await.unwrap();
     let live = registry
-        .register(&server, vec![InstanceSpec::new("renewed", bound.to_string())], LeaseConfig::ttl(ttl))
+        .register(
+            &server,
+            vec![InstanceSpec::new("renewed", bound.to_string())],
+            LeaseConfig::default().ttl(ttl),
+        )
         .await
         .unwrap();
 
@@ -185,7 +187,7 @@ async fn a_watch_delivers_added_and_removed_instances_within_the_lease_time() {
     let (controller, addr) = start_controller(&format!("inproc://{}", unique("watch")), Duration::ZERO).await;
     let registry = Registry::connect(&addr).await.unwrap();
     let ttl = Duration::from_millis(500);
-    let lease = LeaseConfig::ttl(ttl);
+    let lease = LeaseConfig::default().ttl(ttl);
 
     let a = instance("i1", Arc::default());
     let a_addr = a.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
@@ -253,11 +255,10 @@ async fn registry_down_calls_go_on_from_the_cache_and_registrations_are_rebuilt_
     let (controller, _) = start_controller(&reg_addr, Duration::ZERO).await;
     // Renewed often, so the restart is noticed at once; the ttl is long enough that a renewal
     // delayed on a loaded machine does not lapse the lease (that would register a third time).
-    let lease = LeaseConfig {
-        ttl: Duration::from_secs(2),
-        renew_every: Some(Duration::from_millis(100)),
-        retry_every: Some(Duration::from_millis(30)),
-    };
+    let lease = LeaseConfig::default()
+        .ttl(Duration::from_secs(2))
+        .renew_every(Some(Duration::from_millis(100)))
+        .retry_every(Some(Duration::from_millis(30)));
     let registry = Registry::connect(&reg_addr).await.unwrap();
     let mut servers = Vec::new();
     let mut regs = Vec::new();
@@ -351,7 +352,8 @@ impl Killable {
                 let registry = Registry::connect(&registry_addr).await.unwrap();
                 // A long lease: the registry keeps listing the dead instance throughout the test,
                 // so it is the client that must notice and drop it.
-                register(&registry, &server, &addr, LeaseConfig::ttl(Duration::from_secs(30))).await;
+                register(&registry, &server, &addr, LeaseConfig::default().ttl(Duration::from_secs(30)))
+                    .await;
                 ready_tx.send(addr).unwrap();
                 let _ = kill_rx.await;
                 // No shutdown: the server and its tasks just stop existing with the runtime.
@@ -389,7 +391,7 @@ async fn killing_one_of_two_instances_under_load_loses_no_call() {
     let mut a = Killable::start("i1", &reg_addr, hits_a.clone());
     let mut b = Killable::start("i2", &reg_addr, hits_b.clone());
 
-    let config = ServiceConfig { quarantine: Duration::from_secs(30), ..service_config(Mode::Direct) };
+    let config = service_config(Mode::Direct).quarantine(Duration::from_secs(30));
     let client = ServiceClient::connect_with(&reg_addr, config).await.unwrap();
     assert_eq!(client.instances(SERVICE).await.unwrap().len(), 2);
 
@@ -630,7 +632,7 @@ async fn direct_mode_sends_at_most_half_the_messages_of_relayed_mode() {
         let s = instance(name, Arc::default());
         let a = s.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
         // Long leases and watches: no control traffic inside the measured window.
-        register(&registry, &s, &a, LeaseConfig::ttl(Duration::from_secs(60))).await;
+        register(&registry, &s, &a, LeaseConfig::default().ttl(Duration::from_secs(60))).await;
         servers.push(s);
     }
     const CALLS: u64 = 2000;
@@ -639,7 +641,7 @@ async fn direct_mode_sends_at_most_half_the_messages_of_relayed_mode() {
     // its id back) that would land in the next mode's window.
     let mut clients = Vec::new();
     for mode in [Mode::Direct, Mode::Relayed] {
-        let config = ServiceConfig { watch_timeout: Duration::from_secs(60), ..service_config(mode) };
+        let config = service_config(mode).watch_timeout(Duration::from_secs(60));
         let client = ServiceClient::connect_with(&reg_addr, config).await.unwrap();
         // Warm up: resolve, connect (direct); connect the relay's pool (relayed).
         for i in 0..4 {
@@ -674,6 +676,7 @@ async fn direct_mode_sends_at_most_half_the_messages_of_relayed_mode() {
             Mode::Relayed => {
                 assert_eq!(registry_messages, 2 * CALLS, "every relayed call is a request and a reply")
             }
+            other => unreachable!("{other:?} is not measured"),
         }
         totals.insert(mode, sent);
         clients.push(client);
@@ -808,7 +811,7 @@ async fn balancing_spreads_calls_and_counters_match_the_wire() {
         servers.push(s);
     }
     for balance in [Balance::RoundRobin, Balance::LeastOutstanding] {
-        let config = ServiceConfig { balance, ..service_config(Mode::Direct) };
+        let config = service_config(Mode::Direct).balance(balance);
         let client = ServiceClient::connect_with(&reg_addr, config).await.unwrap();
         let mut count = HashMap::new();
         for _ in 0..400 {
@@ -819,6 +822,7 @@ async fn balancing_spreads_calls_and_counters_match_the_wire() {
             Balance::RoundRobin => assert_eq!((count["i1"], count["i2"]), (100, 300), "{count:?}"),
             // One caller at a time: nothing is ever outstanding, so both are used.
             Balance::LeastOutstanding => assert!(count["i1"] > 50 && count["i2"] > 50, "{count:?}"),
+            other => unreachable!("{other:?} is not measured"),
         }
         let instances = client.instances(SERVICE).await.unwrap();
         assert!(instances.iter().all(|i| i.metadata.contains_key("zone")));
@@ -966,11 +970,10 @@ async fn clients_and_servers_given_two_controllers_fail_over_when_the_first_goes
     let (a, a_addr) = start_controller("tcp://127.0.0.1:0", Duration::ZERO).await;
     let (b, b_addr) = start_controller("tcp://127.0.0.1:0", Duration::ZERO).await;
     let both = format!("{a_addr},{b_addr}");
-    let lease = LeaseConfig {
-        ttl: Duration::from_millis(600),
-        renew_every: Some(Duration::from_millis(100)),
-        retry_every: Some(Duration::from_millis(30)),
-    };
+    let lease = LeaseConfig::default()
+        .ttl(Duration::from_millis(600))
+        .renew_every(Some(Duration::from_millis(100)))
+        .retry_every(Some(Duration::from_millis(30)));
     let registry = Registry::connect(&both).await.unwrap();
     assert_eq!(registry.controllers(), [a_addr.clone(), b_addr.clone()]);
     assert_eq!(registry.current_controller(), a_addr);

@@ -41,11 +41,7 @@ async fn controller(addr: &str, config: ControllerConfig) -> (Controller, String
 }
 
 fn quick() -> ControllerConfig {
-    ControllerConfig {
-        expiry_tick: Duration::from_millis(10),
-        settle: Duration::ZERO,
-        ..ControllerConfig::default()
-    }
+    ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(Duration::ZERO)
 }
 
 /// Waits (up to `within`) until `cond` holds; returns how long that took.
@@ -150,8 +146,7 @@ async fn dead_instances_are_ejected_once_and_calls_then_reach_only_the_live_ones
         raw.call(&REGISTER, req).await.unwrap();
     }
     // Long enough that no probe is due during the test.
-    let config =
-        ServiceConfig { mode: Mode::Direct, quarantine: Duration::from_secs(60), ..ServiceConfig::default() };
+    let config = ServiceConfig::default().mode(Mode::Direct).quarantine(Duration::from_secs(60));
     let client = ServiceClient::connect_with(&reg, config).await.unwrap();
     assert_eq!(client.instances(SERVICE).await.unwrap().len(), 202);
     wait_for(Duration::from_secs(30), "every dead instance to be ejected", async || {
@@ -193,7 +188,7 @@ async fn an_ejected_instance_is_probed_and_back_in_rotation_once_it_answers() {
         credential: String::new(),
     };
     raw.call(&REGISTER, req).await.unwrap();
-    let config = ServiceConfig { quarantine: Duration::from_millis(100), ..ServiceConfig::default() };
+    let config = ServiceConfig::default().quarantine(Duration::from_millis(100));
     let client = ServiceClient::connect_with(&reg, config).await.unwrap();
     wait_for(Duration::from_secs(10), "the dead instance to be ejected", async || {
         assert_eq!(client.call(&WHO, 0).await.unwrap(), "live");
@@ -365,11 +360,8 @@ async fn a_server_registers_with_a_restarted_controller_at_once_not_at_its_next_
     let registry = Registry::connect(&addr).await.unwrap();
     let server = instance("s");
     let s_addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
-    let lease = LeaseConfig {
-        ttl: Duration::from_secs(30),
-        renew_every: Some(Duration::from_secs(10)),
-        retry_every: None,
-    };
+    let lease =
+        LeaseConfig::default().ttl(Duration::from_secs(30)).renew_every(Some(Duration::from_secs(10)));
     let reg = registry.register(&server, vec![InstanceSpec::new(SERVICE, &s_addr)], lease).await.unwrap();
     c.shutdown().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -384,9 +376,7 @@ async fn a_server_registers_with_a_restarted_controller_at_once_not_at_its_next_
     assert_eq!(reg.renewals(), 0, "no renewal was due");
     eprintln!("registered with the restarted controller {took:?} after it started");
     let client =
-        ServiceClient::connect_with(&addr, ServiceConfig { mode: Mode::Relayed, ..ServiceConfig::default() })
-            .await
-            .unwrap();
+        ServiceClient::connect_with(&addr, ServiceConfig::default().mode(Mode::Relayed)).await.unwrap();
     assert_eq!(client.call(&WHO, 0).await.unwrap(), "s");
     server.shutdown().await;
     c2.shutdown().await;
@@ -400,7 +390,7 @@ async fn a_server_registers_with_a_restarted_controller_at_once_not_at_its_next_
 /// transient failure; `info` tells whether registering needs the credential.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_credential_is_permanent_and_info_says_a_credential_is_required() {
-    let config = ControllerConfig { registration_credential: Some("right".into()), ..quick() };
+    let config = quick().registration_credential("right");
     let (c, reg) = controller("tcp://127.0.0.1:0", config).await;
     let registry = Registry::connect(&reg).await.unwrap();
     registry.set_registration_credential("wrong");

@@ -44,7 +44,7 @@ impl Health for Named {
 }
 
 async fn controller(tag: &str) -> (Controller, Registry) {
-    let c = Controller::new(ControllerConfig { settle: Duration::ZERO, ..ControllerConfig::default() });
+    let c = Controller::new(ControllerConfig::default().settle(Duration::ZERO));
     let addr = c.listen(&format!("inproc://service-registry-{tag}")).await.unwrap();
     let registry = Registry::connect(&addr.to_string()).await.unwrap();
     (c, registry)

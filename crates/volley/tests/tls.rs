@@ -42,7 +42,7 @@ fn echo_server(tls: TlsServer) -> Server {
 }
 
 fn client_config(tls: TlsClient) -> ClientConfig {
-    ClientConfig { tls: Some(tls), connect_timeout: Duration::from_secs(20), ..Default::default() }
+    ClientConfig::default().tls(tls).connect_timeout(Duration::from_secs(20))
 }
 
 /// Server-authenticated TLS: a client trusting the CA is served (also with a token inside the
@@ -75,7 +75,7 @@ async fn tls_serves_clients_that_trust_the_servers_ca() {
     assert!(matches!(&r, Err(Error::Connection(m)) if m.contains("TLS handshake")), "{:?}", r.err());
 
     // Plain tcp against the TLS port: no Volley answer comes back.
-    let plain = ClientConfig { timeout: Duration::from_secs(3), ..Default::default() };
+    let plain = ClientConfig::default().timeout(Duration::from_secs(3));
     let r = match Client::connect_with(&format!("tcp://127.0.0.1:{port}"), plain).await {
         Ok(c) => c.call(&ECHO, "plain".into()).await,
         Err(e) => Err(e),
@@ -93,7 +93,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate() {
     let (chain, key) = server_ca.issue(&["localhost", "127.0.0.1"]);
     let server = echo_server(TlsServer::from_pem(&chain, &key, Some(&client_ca.pem())).unwrap());
     let addr = server.listen("tls://127.0.0.1:0").await.unwrap().to_string();
-    let quick = |tls| ClientConfig { timeout: Duration::from_secs(10), ..client_config(tls) };
+    let quick = |tls| client_config(tls).timeout(Duration::from_secs(10));
 
     // Without a certificate: refused (in TLS 1.3 the client learns it on its first read).
     let anonymous = TlsClient::from_pem(&server_ca.pem(), None).unwrap();

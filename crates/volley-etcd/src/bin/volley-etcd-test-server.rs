@@ -28,7 +28,11 @@ async fn main() {
     let registry = Registry::connect(registry).await.expect("registry");
     let ttl = Duration::from_millis(ttl_ms.parse().expect("TTL_MS"));
     registry
-        .register(&server, vec![InstanceSpec::new(service.clone(), addr.clone())], LeaseConfig::ttl(ttl))
+        .register(
+            &server,
+            vec![InstanceSpec::new(service.clone(), addr.clone())],
+            LeaseConfig::default().ttl(ttl),
+        )
         .await
         .expect("register");
     println!("ready {addr}");

@@ -24,6 +24,7 @@ use crate::proto::message::FLAG_IDEMPOTENT;
 
 /// How a batch is cut and sent.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct BatchOptions {
     /// Requests per chunk (one message on the wire). Default 128, the MF report's chunk.
     pub chunk_size: usize,

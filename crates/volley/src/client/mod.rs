@@ -35,8 +35,10 @@ use crate::transport::inproc::{self, LocalServer};
 use crate::transport::socket;
 use conn::StreamConn;
 
-/// Client settings.
-#[derive(Debug, Clone)]
+/// Client settings: `ClientConfig::default()`, then a setter per field to change
+/// (`.timeout(d)`, `.token("secret")`, `.tls(settings)` ...).
+#[derive(Debug, Clone, derive_setters::Setters)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// Deadline of a call that does not set its own (default 30 s).
     pub timeout: Duration,
@@ -46,6 +48,7 @@ pub struct ClientConfig {
     pub limits: Limits,
     /// The client-id half of request ids. Until a registry assigns one, a process-local
     /// counter does.
+    #[setters(strip_option)]
     pub client_id: Option<u32>,
     /// Most requests in flight on one connection (a batch chunk counts its items). Callers
     /// beyond it wait for room. Default 65,536.
@@ -56,9 +59,11 @@ pub struct ClientConfig {
     /// The sequence half of request ids, shared with other `Client`s that act as one logical
     /// client under one `client_id` (a `ServiceClient`'s connections to each instance of a
     /// service), so that their request ids stay unique together. `None`: a sequence of its own.
+    #[setters(strip_option)]
     pub shared_sequence: Option<Arc<AtomicU32>>,
     /// The token presented to servers that require one (sent first on every connection; see
     /// [`ServerBuilder::token`](crate::ServerBuilder::token)). `None`: no token.
+    #[setters(strip_option, into)]
     pub token: Option<Vec<u8>>,
     /// Pings when nothing arrived for a while, to find a server (or network path) that died
     /// without closing: pending calls then fail with a connection error. Default: a ping after
@@ -66,6 +71,7 @@ pub struct ClientConfig {
     pub keepalive: Option<crate::Keepalive>,
     /// TLS settings for `tls://` addresses (feature `tls`).
     #[cfg(feature = "tls")]
+    #[setters(strip_option)]
     pub tls: Option<crate::transport::tls::TlsClient>,
     /// Bytes of each of the two rings (one per direction) of a `shm://` connection: a power of
     /// two from 4 KiB to 64 MiB. The memory is shared with the server and held while the
@@ -94,6 +100,7 @@ impl Default for ClientConfig {
 
 /// Per-call options.
 #[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct CallOptions {
     /// Overrides the client's default deadline.
     pub timeout: Option<Duration>,

@@ -134,6 +134,7 @@ pub trait Wire: Sized + Send + Sync + 'static {
 
 /// The codec tiers, fastest first. See the [module documentation](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Tier {
     /// A hand-written [`Wire`] impl (also: strings, `bool`, `()`).
     Custom,

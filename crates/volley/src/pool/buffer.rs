@@ -98,6 +98,7 @@ struct Class {
 }
 
 /// Counters of a buffer pool.
+#[cfg(feature = "internals")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BufferStats {
     /// Bytes kept in the pool now (counted by class size).
@@ -190,11 +191,13 @@ impl BufferPool {
     }
 
     /// Bytes kept and the bound.
+    #[cfg(feature = "internals")]
     pub fn stats(&self) -> BufferStats {
         BufferStats { kept_bytes: self.kept.load(Ordering::Relaxed), bound: self.bound }
     }
 
     /// Bytes actually held by buffers in the pool (walks every cache; for tests).
+    #[cfg(feature = "internals")]
     pub fn held_bytes(&mut self) -> usize {
         let local: usize = self
             .local
@@ -229,6 +232,7 @@ pub const GLOBAL_BOUND: usize = 4 << 20;
 static GLOBAL: LazyLock<BufferPool> = LazyLock::new(|| BufferPool::new(GLOBAL_BOUND, 8));
 
 /// The process-wide buffer pool of the transports.
+#[cfg(feature = "internals")]
 pub fn global() -> &'static BufferPool {
     &GLOBAL
 }

@@ -36,7 +36,8 @@ pub struct ObjectPool<T: Send> {
     created: AtomicU64,
 }
 
-/// Counters of a pool (for tests and reports).
+/// Counters of a pool (for tests).
+#[cfg(feature = "internals")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectStats {
     /// Objects allocated from the system since the pool was made.
@@ -82,7 +83,8 @@ impl<T: Send> ObjectPool<T> {
 
     /// This thread's cache, held for a run of takes and gives: saves the thread-local look-up
     /// of every single call (while it is held, `take` and `give` on this thread bypass the
-    /// cache).
+    /// cache). For benchmarks of the pool itself.
+    #[cfg(feature = "internals")]
     pub fn local(&self) -> LocalPool<'_, T> {
         LocalPool { pool: self, cache: self.cache().borrow_mut() }
     }
@@ -145,11 +147,13 @@ impl<T: Send> ObjectPool<T> {
     }
 
     /// Objects allocated from the system since the pool was made.
+    #[cfg(feature = "internals")]
     pub fn created(&self) -> u64 {
         self.created.load(Ordering::Relaxed)
     }
 
     /// Counts (needs `&mut self` to see every thread's cache).
+    #[cfg(feature = "internals")]
     pub fn stats(&mut self) -> ObjectStats {
         let local: usize = self.local.iter_mut().map(|c| c.get_mut().len()).sum();
         ObjectStats {
@@ -160,11 +164,13 @@ impl<T: Send> ObjectPool<T> {
 }
 
 /// A pool's cache on this thread, held (see [`ObjectPool::local`]).
+#[cfg(feature = "internals")]
 pub struct LocalPool<'p, T: Send> {
     pool: &'p ObjectPool<T>,
     cache: std::cell::RefMut<'p, Vec<Box<T>>>,
 }
 
+#[cfg(feature = "internals")]
 impl<T: Send> LocalPool<'_, T> {
     /// An object from the pool, or `make()` if the pool is empty.
     #[inline]

@@ -40,6 +40,7 @@ impl BatchItems {
         self.count as usize
     }
 
+    #[cfg(feature = "internals")]
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }

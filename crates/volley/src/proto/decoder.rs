@@ -30,12 +30,9 @@ impl Decoder {
     }
 
     /// A decoder for a stream whose preamble was already checked.
+    #[cfg(any(test, feature = "internals"))]
     pub fn after_preamble(limits: Limits) -> Self {
         Decoder { limits, expect_preamble: false, peer_features: 0 }
-    }
-
-    pub fn limits(&self) -> &Limits {
-        &self.limits
     }
 
     /// Takes the next complete frame's body off the front of `buf`.
@@ -59,6 +56,7 @@ impl Decoder {
     }
 
     /// The features the peer's preamble announced (§4.4 of PROTOCOL.md).
+    #[cfg(any(test, feature = "internals"))]
     pub fn peer_features(&self) -> u8 {
         self.peer_features
     }

@@ -552,15 +552,6 @@ impl BatchReplyItems<'_> {
         self.buf.put_slice(message.as_bytes());
         self.count += 1;
     }
-
-    /// Items added so far.
-    pub fn len(&self) -> usize {
-        self.count as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
 }
 
 /// The header shared by Request and BatchRequest: kind, flags, id, service and method names,

@@ -1,9 +1,11 @@
 //! Bounds on what a peer may send. Crossing one is a [`ProtocolError`](super::ProtocolError)
 //! that closes that connection only.
 
-/// Protocol limits, enforced by the [`Decoder`](super::Decoder) on what it receives and used by
+/// Protocol limits, enforced by the decoder on what it receives and used by
 /// senders to cut bundles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+#[derive(derive_setters::Setters)]
 pub struct Limits {
     /// Largest frame body accepted, in bytes (the 4-byte length prefix not counted).
     pub max_frame_len: usize,

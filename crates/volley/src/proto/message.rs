@@ -45,6 +45,7 @@ impl Kind {
 /// Unknown codes from a newer peer are kept as [`Code::Other`] rather than rejected, so an old
 /// client still reports the failure to its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Code {
     /// No service by that name on this server.
     UnknownService,
@@ -184,8 +185,6 @@ pub const MAX_TOKEN_LEN: usize = 4096;
 
 /// Request flag bit: the caller marked the call idempotent (safe to retry elsewhere).
 pub const FLAG_IDEMPOTENT: u8 = 0x01;
-/// Flag bits this version defines; others are reserved, sent as 0 and ignored.
-pub const KNOWN_FLAGS: u8 = FLAG_IDEMPOTENT;
 
 /// Longest service or method name (its length travels in one byte).
 pub const MAX_NAME_LEN: usize = 255;

@@ -25,7 +25,9 @@ pub use decoder::{Decoder, decode_frame};
 pub use encode::FrameBuilder;
 pub use extensions::{Extensions, TraceParent};
 pub use limits::Limits;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use message::{Code, Kind, Message};
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use preamble::{PREAMBLE, PREAMBLE_LEN, SERVER_PREAMBLE, VERSION};
 
 /// A violation of the wire protocol by the peer. Any of these closes the connection it happened

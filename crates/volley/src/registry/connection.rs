@@ -70,6 +70,7 @@ struct Inner {
 
 /// What a [`Registry`] connection has done, readable at runtime.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct RegistryStats {
     /// `resolve` calls: look-ups of a service's instances.
     pub lookups: u64,

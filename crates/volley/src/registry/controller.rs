@@ -28,6 +28,8 @@ use crate::transport::Address;
 
 /// Controller settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
+#[derive(derive_setters::Setters)]
 pub struct ControllerConfig {
     /// How often lapsed leases are looked for (lease expiry is this precise).
     pub expiry_tick: Duration,
@@ -47,6 +49,7 @@ pub struct ControllerConfig {
     /// When set, `register`, `renew` and `deregister` are refused (`Code::Unauthenticated`)
     /// unless they carry this credential, so no one without it can register an instance under
     /// a service name or remove someone else's. Separate from the call tokens.
+    #[setters(strip_option, into)]
     pub registration_credential: Option<String>,
     /// Tokens a connection to the controller must present (as any Volley server's
     /// [`ServerBuilder::token`](crate::ServerBuilder::token)). Empty: none.
@@ -71,6 +74,7 @@ impl Default for ControllerConfig {
 
 /// Counters of a controller, readable at runtime.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ControllerStats {
     /// The registry server's connections (all clients and servers together).
     pub server: Snapshot,

@@ -30,6 +30,7 @@ use crate::transport::Address;
 /// How a call without a key picks among the instances of a service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Balance {
     /// In turn, each instance as often as its weight says.
     #[default]

@@ -14,6 +14,8 @@ use crate::server::Server;
 
 /// Lease settings of a registration.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
+#[derive(derive_setters::Setters)]
 pub struct LeaseConfig {
     /// How long the registry keeps the instances listed without a renewal.
     pub ttl: Duration,
@@ -32,16 +34,12 @@ impl Default for LeaseConfig {
 }
 
 impl LeaseConfig {
-    pub fn ttl(ttl: Duration) -> LeaseConfig {
-        LeaseConfig { ttl, ..LeaseConfig::default() }
-    }
-
-    fn renew_every(&self) -> Duration {
+    fn renew_interval(&self) -> Duration {
         self.renew_every.unwrap_or(self.ttl / 3).max(Duration::from_millis(1))
     }
 
-    fn retry_every(&self) -> Duration {
-        self.retry_every.unwrap_or((self.ttl / 10).max(Duration::from_millis(20))).min(self.renew_every())
+    fn retry_interval(&self) -> Duration {
+        self.retry_every.unwrap_or((self.ttl / 10).max(Duration::from_millis(20))).min(self.renew_interval())
     }
 }
 
@@ -113,7 +111,7 @@ impl Registry {
         // The first registration may wait as long as the lease it asks for (a store such as
         // etcd writes to disk, which can take seconds on a busy machine); a re-registration
         // in the background waits one renewal interval, then tries again.
-        let first = register_once(self, &instances, &lease, lease.ttl.max(lease.renew_every())).await?;
+        let first = register_once(self, &instances, &lease, lease.ttl.max(lease.renew_interval())).await?;
         let shared = Arc::new(Shared {
             lease: AtomicU64::new(first.lease),
             instance_ids: Mutex::new(first.instance_ids),
@@ -150,7 +148,7 @@ async fn keep_alive(
     lease: LeaseConfig,
     server_shutdown: CancellationToken,
 ) {
-    let mut wait = lease.renew_every();
+    let mut wait = lease.renew_interval();
     // Whether the last exchange reached the controller: then a lost connection means it went
     // away, and the keeper renews as soon as one can be made again (a restarted controller
     // has forgotten the lease: the renewal says so and the instances are registered at once).
@@ -185,7 +183,7 @@ async fn renew_or_register(
     instances: &[InstanceSpec],
     lease: &LeaseConfig,
 ) -> (Duration, bool) {
-    let (renew_every, retry_every) = (lease.renew_every(), lease.retry_every());
+    let (renew_every, retry_every) = (lease.renew_interval(), lease.retry_interval());
     // A controller that cannot be reached is tried again when the registry's reconnect pacing
     // allows (a quarter of a second at most), not a tenth of the lease time later.
     let retry = |e: &Error| match e {

@@ -25,6 +25,7 @@ use crate::stats::Snapshot;
 /// How a [`ServiceClient`] reaches instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Mode {
     /// Resolve a service once, cache its instances (kept fresh by a watch), call instances
     /// directly: two messages per call, no registry traffic per call.
@@ -36,8 +37,20 @@ pub enum Mode {
     Relayed,
 }
 
+impl Mode {
+    /// `direct` or `relayed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::Relayed => "relayed",
+        }
+    }
+}
+
 /// Settings of a [`ServiceClient`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
+#[derive(derive_setters::Setters)]
 pub struct ServiceConfig {
     pub mode: Mode,
     /// How calls without a key pick an instance.
@@ -72,6 +85,7 @@ impl Default for ServiceConfig {
 
 /// Counters of a [`ServiceClient`], readable at runtime.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct ServiceClientStats {
     pub mode: Mode,
     pub client_id: u32,

@@ -18,6 +18,7 @@ use super::wire::{Instance, InstanceSpec, ListedInstance, ServiceListing};
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The lease lapsed or was never granted (or the store restarted).
     #[error("unknown lease {0}")]

@@ -1,17 +1,21 @@
 //! The registry protocol: the methods of the service `volley.registry` and their message types.
 //!
-//! The registry is served over Volley itself, so these are ordinary [`Method`]s. Most types
-//! are serde types encoded with bitcode ([`wire!`](crate::wire)); the relay's request and reply
-//! have a small hand-written encoding instead, because they carry another call's payload and
-//! bitcode would copy it into a length-prefixed field (the relay is on the per-call path).
-//! `docs/PROTOCOL.md` §16 describes every method and the byte layout of the relay messages.
+//! The registry is served over Volley itself, so these are ordinary [`Method`]s. The structured
+//! messages are JSON (the general tier), so that a client or server in any language can
+//! register, resolve and watch: the field names below are the wire's names, fields marked
+//! `#[serde(default)]` may be left out, and unknown fields are ignored, so a later version can
+//! add fields without breaking older peers. Plain numbers, booleans, strings and `()` use their
+//! built-in encodings. The relay's request and reply have a small hand-written binary layout
+//! instead, because they carry another call's payload and any self-describing format would
+//! copy (and, for JSON, escape) it (the relay is on the per-call path).
+//! `docs/PROTOCOL.md` §16 specifies every message, with an example each.
 
 use std::collections::BTreeMap;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{CodecError, Wire};
+use crate::codec::{CodecError, Tier, Wire, general};
 use crate::error::{Error, Status};
 use crate::method::Method;
 use crate::proto::Code;
@@ -54,9 +58,19 @@ pub struct InstanceSpec {
     pub address: String,
     /// Relative capacity (1 = the default). Round-robin and the hash ring give an instance
     /// traffic in proportion to its weight. 0 is invalid.
+    #[serde(default = "one")]
     pub weight: u32,
     /// Free-form labels (zone, version, shard ...); the registry stores and returns them.
+    #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_ttl_ms() -> u64 {
+    super::DEFAULT_TTL.as_millis() as u64
 }
 
 impl InstanceSpec {
@@ -89,18 +103,23 @@ pub struct Instance {
     pub lease: u64,
     pub service: String,
     pub address: String,
+    #[serde(default = "one")]
     pub weight: u32,
+    #[serde(default)]
     pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterRequest {
     /// An existing lease to add the instances to, or 0 for a new lease.
+    #[serde(default)]
     pub lease: u64,
     /// Lease time for a new lease, in milliseconds (the controller clamps it to its bounds).
+    #[serde(default = "default_ttl_ms")]
     pub ttl_ms: u64,
     pub instances: Vec<InstanceSpec>,
     /// The registration credential, when the controller requires one (empty: none).
+    #[serde(default)]
     pub credential: String,
 }
 
@@ -108,6 +127,7 @@ pub struct RegisterRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRequest {
     pub lease: u64,
+    #[serde(default)]
     pub credential: String,
 }
 
@@ -151,12 +171,15 @@ pub struct Resolved {
 pub struct WatchRequest {
     pub service: String,
     /// The epoch the client's revision belongs to (0: none yet). Another epoch answers at once.
+    #[serde(default)]
     pub epoch: u64,
+    #[serde(default)]
     pub from_revision: u64,
     /// How long the controller may hold the call, in milliseconds (it caps this).
     pub timeout_ms: u64,
     /// The caller's client id (0: none): a controller that restarted reserves it again, so it
     /// is not handed to a new client.
+    #[serde(default)]
     pub client_id: u32,
 }
 
@@ -195,7 +218,32 @@ pub struct ListedInstance {
     pub expires_in_ms: u64,
 }
 
-crate::wire!(
+/// JSON, as `volley::wire!(json: T)` writes and reads it, with one difference: a payload that
+/// is not the JSON expected is refused with an error that says the registry speaks JSON, so a
+/// peer built when the registry spoke bitcode learns why it is refused (the server answers it
+/// `BadRequest` with this message; a client reading an old controller's reply reports it).
+macro_rules! registry_json {
+    ($($t:ty),+ $(,)?) => {$(
+        impl Wire for $t {
+            const TIER: Tier = Tier::General;
+            fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
+                general::json_encode(self, out)
+            }
+            fn decode(bytes: Bytes) -> Result<Self, CodecError> {
+                general::json_decode(&bytes).map_err(not_registry_json)
+            }
+        }
+    )+};
+}
+
+fn not_registry_json(e: CodecError) -> CodecError {
+    CodecError(format!(
+        "{e}: the registry speaks JSON (docs/PROTOCOL.md §16); a peer that sends bitcode predates \
+         that encoding and must be upgraded"
+    ))
+}
+
+registry_json!(
     InstanceSpec,
     Instance,
     RegisterRequest,

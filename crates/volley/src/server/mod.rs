@@ -47,6 +47,7 @@ pub use handler::BatchResult;
 
 /// Server settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// Most requests handed to handlers per turn of a connection (default 1000, the batch size of
     /// the BookKeeper proposal the server's turns follow: drain up to a cap, serve together,

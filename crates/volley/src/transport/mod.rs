@@ -1,24 +1,25 @@
 //! Transports, chosen by address: `inproc://NAME`, `unix:///PATH`, `tcp://HOST:PORT`,
 //! `tls://HOST:PORT` (feature `tls`), `shm:///PATH` or `shm://NAME` (Linux).
 //!
-//! - [`inproc`]: a process-wide table of named servers; calls hand request and reply values
+//! - `inproc`: a process-wide table of named servers; calls hand request and reply values
 //!   across with no encoding at all.
-//! - [`stream`]: unix and tcp sockets behind one small trait.
+//! - `socket`: one seam for unix, tcp and tls sockets (connect, listen, accept, handshake);
+//!   `stream`: the read and write halves a connection needs of them.
 //! - `tls`: rustls sessions over tcp, behind the same trait (feature `tls`).
-//! - [`shm`]: byte rings in memory shared with a process on the same host, set up over a unix
+//! - `shm`: byte rings in memory shared with a process on the same host, set up over a unix
 //!   socket, behind the same trait (Linux).
-//! - [`outbox`]: the send side of a byte connection — callers append messages, one writer
+//! - `outbox`: the send side of a byte connection — callers append messages, one writer
 //!   drains everything queued into one write.
-//! - [`reader`]: the receive side — reads into one reusable buffer and hands up every complete
+//! - `reader`: the receive side — reads into one reusable buffer and hands up every complete
 //!   message as one batch.
 
-pub mod inproc;
-pub mod outbox;
-pub mod reader;
+pub(crate) mod inproc;
+pub(crate) mod outbox;
+pub(crate) mod reader;
 #[cfg(target_os = "linux")]
-pub mod shm;
-pub mod socket;
-pub mod stream;
+pub(crate) mod shm;
+pub(crate) mod socket;
+pub(crate) mod stream;
 #[cfg(feature = "tls")]
 pub mod tls;
 
@@ -28,6 +29,7 @@ use crate::Error;
 
 /// A parsed endpoint address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Address {
     /// `inproc://NAME`: a server in this process.
     Inproc(String),
@@ -35,9 +37,8 @@ pub enum Address {
     Unix(PathBuf),
     /// `tcp://HOST:PORT`.
     Tcp(String),
-    /// `tls://HOST:PORT`: tcp with TLS (feature `tls`; the server needs
-    /// [`ServerBuilder::tls`](crate::ServerBuilder::tls), the client
-    /// [`ClientConfig::tls`](crate::ClientConfig::tls)).
+    /// `tls://HOST:PORT`: tcp with TLS (feature `tls`; the server needs `ServerBuilder::tls`,
+    /// the client `ClientConfig::tls`).
     Tls(String),
     /// `shm:///PATH` or `shm://NAME`: shared memory with a process on this host, set up over
     /// the unix socket at `PATH` or the abstract socket `volley-shm/NAME` (Linux). Holds what

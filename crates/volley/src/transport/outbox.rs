@@ -86,11 +86,6 @@ impl Outbox {
         }
     }
 
-    /// Bytes queued and not yet handed to the writer.
-    pub fn queued_len(&self) -> usize {
-        self.state.lock().builder.queued_len()
-    }
-
     /// Waits until fewer than `limit` bytes are queued (or the outbox is closed).
     pub async fn wait_queued_below(&self, limit: usize) {
         loop {
