@@ -125,6 +125,8 @@ enum Transport {
     Tcp,
     /// tcp with TLS: a certificate generated for the run (rcgen), verified by the client.
     Tls,
+    /// Shared memory (Linux), set up over a unix socket in the temporary directory.
+    Shm,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -562,6 +564,13 @@ fn listen_address(t: Transport, role: &str) -> String {
         }
         Transport::Tcp => "tcp://127.0.0.1:0".into(),
         Transport::Tls => "tls://127.0.0.1:0".into(),
+        Transport::Shm => {
+            format!(
+                "shm://{}/volley-bench-{role}-{}.sock",
+                std::env::temp_dir().display(),
+                std::process::id()
+            )
+        }
     }
 }
 

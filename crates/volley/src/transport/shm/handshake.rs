@@ -104,11 +104,12 @@ fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The client's side: makes the mapping (two rings of `ring` bytes) and the eventfds, sends
+/// The client's side: makes the mapping (two rings of `ring` bytes, its file named after
+/// `label`) and the eventfds, sends
 /// them, waits for the answer. A refusal is an error carrying the server's reason.
-pub async fn client(sock: &UnixStream, ring: usize) -> io::Result<SetUp> {
+pub async fn client(sock: &UnixStream, ring: usize, label: &str) -> io::Result<SetUp> {
     let geometry = Geometry::symmetric(ring).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let (region, file) = Region::create(geometry.total_len())?;
+    let (region, file) = Region::create(geometry.total_len(), label)?;
     region.copy_in(0, &geometry.header());
     let (bytes_ready, room_ready) = (eventfd()?, eventfd()?);
     send(sock, &hello(), &[file.as_fd(), bytes_ready.as_fd(), room_ready.as_fd()]).await?;
@@ -264,7 +265,7 @@ mod tests {
     #[tokio::test]
     async fn client_and_server_agree_on_the_mapping_and_swap_eventfds() {
         let (a, b) = UnixStream::pair().unwrap();
-        let (c, s) = tokio::join!(client(&a, 8192), server(&b));
+        let (c, s) = tokio::join!(client(&a, 8192, "test"), server(&b));
         let (c, s) = (c.unwrap(), s.unwrap());
         assert_eq!(c.geometry, Geometry { a: 8192, b: 8192 });
         assert_eq!(s.geometry, c.geometry);

@@ -25,15 +25,10 @@ use std::path::PathBuf;
 
 use tokio::net::UnixStream;
 
-pub use layout::{MAX_RING, MIN_RING};
 use stream::Side;
 pub use stream::{ShmRead, ShmStream, ShmWrite};
 
 use crate::Error;
-
-/// Default ring size, per direction: room for several 256 KiB frames in flight, and 2 MiB of
-/// memory per connection.
-pub const DEFAULT_RING: usize = 1 << 20;
 
 /// The unix socket an `shm://` address is set up over: `shm:///PATH` is the socket file at
 /// `PATH`; `shm://NAME` is the abstract socket `volley-shm/NAME` (no file; gone with its
@@ -63,7 +58,7 @@ pub(crate) async fn connect(rest: &str, ring: usize) -> Result<ShmStream, Error>
     let sock = UnixStream::connect(socket_path(rest))
         .await
         .map_err(|e| Error::io(&format!("connect to {addr}"), e))?;
-    let set_up = handshake::client(&sock, ring).await.map_err(|e| match e.kind() {
+    let set_up = handshake::client(&sock, ring, &addr).await.map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidInput => Error::Usage(format!("connect to {addr}: {e}")),
         std::io::ErrorKind::ConnectionRefused => Error::Connection(format!("{addr}: {e}")),
         _ => Error::io(&format!("set up {addr}"), e),

@@ -204,3 +204,115 @@ fn random_traffic_matches_a_queue() {
         }
     }
 }
+
+/// Blocks on one of the stress test's eventfds until the other side signals it.
+fn wait(fd: &std::os::fd::OwnedFd) {
+    let mut count = [0u8; 8];
+    rustix::io::read(fd, &mut count).expect("eventfd read");
+}
+
+fn signal(fd: &std::os::fd::OwnedFd) {
+    rustix::io::write(fd, &1u64.to_ne_bytes()).expect("eventfd write");
+}
+
+/// The byte at stream position `pos` of the stress test.
+fn byte_at(pos: usize) -> u8 {
+    (pos * 7 + (pos >> 12)) as u8
+}
+
+/// The wake-up protocol across two threads, the way two processes use it: each side sleeps on
+/// a blocking eventfd only after announcing it and looking once more, and is woken only if the
+/// other side took its flag. Random chunk sizes and pauses make each side in turn the slow
+/// one, so both wait thousands of times; a lost wake-up leaves a side asleep for good and the
+/// test fails at its deadline instead of passing.
+#[test]
+fn no_wake_up_is_lost_between_announcing_sleep_and_the_peers_publish() {
+    const TOTAL: usize = 16 << 20;
+    let (region, at) = ring(4096);
+    let region = std::sync::Arc::new(region);
+    let blocking = || rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let (bytes_ready, room_ready) = (std::sync::Arc::new(blocking()), std::sync::Arc::new(blocking()));
+    let pause = |rng: &mut fastrand::Rng, phase: usize| {
+        // In odd phases of 64 KiB the writer dawdles, in even ones the reader.
+        if rng.usize(0..4) == 0 {
+            (0..rng.usize(0..200)).for_each(|_| std::hint::spin_loop());
+            if phase % 7 == 0 {
+                std::thread::yield_now();
+            }
+        }
+    };
+    let writer = {
+        let (region, bytes_ready, room_ready) = (region.clone(), bytes_ready.clone(), room_ready.clone());
+        std::thread::spawn(move || {
+            let (mut w, mut rng, mut sent, mut waits) =
+                (RingWriter::new(at), fastrand::Rng::with_seed(1), 0, 0);
+            while sent < TOTAL {
+                let room = w.room(&region).unwrap();
+                if room == 0 {
+                    w.announce_wait(&region);
+                    if w.room(&region).unwrap() == 0 {
+                        waits += 1;
+                        wait(&room_ready);
+                    }
+                    continue;
+                }
+                let chunk: Vec<u8> = (sent..(sent + rng.usize(1..3000)).min(TOTAL)).map(byte_at).collect();
+                let written = w.write(&region, &[IoSlice::new(&chunk)], room);
+                sent += written.n;
+                if written.wake_reader {
+                    signal(&bytes_ready);
+                }
+                if (sent >> 16) % 2 == 1 {
+                    pause(&mut rng, sent >> 16);
+                }
+            }
+            if w.close(&region) {
+                signal(&bytes_ready);
+            }
+            waits
+        })
+    };
+    let reader = {
+        let region = region.clone();
+        std::thread::spawn(move || {
+            let (mut r, mut rng, mut got, mut sleeps) =
+                (RingReader::new(at), fastrand::Rng::with_seed(2), 0, 0);
+            let mut out = BytesMut::new();
+            loop {
+                out.clear();
+                let read = r.read(&region, &mut out, rng.usize(1..5000)).unwrap();
+                if read.wake_writer {
+                    signal(&room_ready);
+                }
+                if read.n == 0 {
+                    if r.closed(&region) && r.ready(&region).unwrap() == 0 {
+                        return (got, sleeps);
+                    }
+                    r.announce_sleep(&region);
+                    if r.ready(&region).unwrap() == 0 && !r.closed(&region) {
+                        sleeps += 1;
+                        wait(&bytes_ready);
+                    } else {
+                        r.cancel_sleep(&region);
+                    }
+                    continue;
+                }
+                assert!(out.iter().enumerate().all(|(i, b)| *b == byte_at(got + i)), "bytes at {got}");
+                got += read.n;
+                if (got >> 16) % 2 == 0 {
+                    pause(&mut rng, got >> 16);
+                }
+            }
+        })
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send((writer.join(), reader.join()));
+    });
+    let (waits, read) = done_rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a side slept and was never woken: a lost wake-up");
+    let (waits, (got, sleeps)) = (waits.unwrap(), read.unwrap());
+    assert_eq!(got, TOTAL);
+    assert!(waits > 100 && sleeps > 100, "both sides slept many times: writer {waits}, reader {sleeps}");
+}

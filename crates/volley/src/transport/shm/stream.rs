@@ -310,10 +310,23 @@ impl AsyncWrite for ShmWrite {
 
     /// Ends this direction: the peer reads what is in the ring, then the end of the stream.
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.ring.close(&this.link.region) {
-            signal(&this.link.peer_bytes_ready);
-        }
+        self.get_mut().end();
         Poll::Ready(Ok(()))
+    }
+}
+
+impl ShmWrite {
+    fn end(&mut self) {
+        if self.ring.close(&self.link.region) {
+            signal(&self.link.peer_bytes_ready);
+        }
+    }
+}
+
+/// Dropping the write half ends the direction, as dropping a socket's write half does: the
+/// peer's reader sees the end of the stream instead of waiting for bytes that cannot come.
+impl Drop for ShmWrite {
+    fn drop(&mut self) {
+        self.end();
     }
 }

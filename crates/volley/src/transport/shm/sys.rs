@@ -16,6 +16,9 @@ use bytes::BytesMut;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
+/// Longest name of a memory file (the kernel takes 249 bytes).
+const MAX_NAME: usize = 200;
+
 /// A mapping of `len` bytes, read and written by this process and (unless it is
 /// [`anonymous`](Region::anonymous)) by the peer.
 pub struct Region {
@@ -40,8 +43,14 @@ impl Region {
     /// A new memory file of `len` bytes (zeroed), sealed so that neither side can shrink or
     /// grow it — a peer that shrank it would make our next access past its end a `SIGBUS` —
     /// and mapped. Returns the mapping and the file, to be passed to the peer.
-    pub fn create(len: usize) -> std::io::Result<(Region, OwnedFd)> {
-        let fd = rustix::fs::memfd_create("volley-shm", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    /// The file is named `volley-shm ` and `label` (as `/proc/PID/maps` and `/proc/PID/fd`
+    /// show it), so that an operator can tell which connection holds which mapping.
+    pub fn create(len: usize, label: &str) -> std::io::Result<(Region, OwnedFd)> {
+        let mut name: String = format!("volley-shm {label}").chars().filter(|c| *c != '\0').collect();
+        while name.len() > MAX_NAME {
+            name.pop();
+        }
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         let region = Region::map_fd(&fd, len)?;
@@ -64,6 +73,7 @@ impl Region {
     }
 
     /// Private memory laid out like a shared mapping: for tests and fuzzing of the ring.
+    #[cfg(any(test, feature = "internals"))]
     pub fn anonymous(len: usize) -> std::io::Result<Region> {
         assert!(len > 0, "an empty region");
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses: it overlaps no
@@ -160,7 +170,7 @@ mod tests {
 
     #[test]
     fn a_created_file_is_sealed_and_maps_in_a_second_view_of_the_same_bytes() {
-        let (ours, fd) = Region::create(8192).unwrap();
+        let (ours, fd) = Region::create(8192, "test").unwrap();
         let theirs = Region::map_peer_file(&fd, 8192).unwrap();
         ours.copy_in(4096, b"hello");
         ours.u64_at(8).store(7, std::sync::atomic::Ordering::Relaxed);
@@ -175,7 +185,7 @@ mod tests {
 
     #[test]
     fn a_peer_file_that_is_unsealed_or_of_another_size_is_refused() {
-        let (_, fd) = Region::create(8192).unwrap();
+        let (_, fd) = Region::create(8192, "test").unwrap();
         assert!(Region::map_peer_file(&fd, 4096).unwrap_err().contains("8192"));
         let unsealed = rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&unsealed, 8192).unwrap();
