@@ -78,4 +78,6 @@ pub(crate) async fn accept(sock: UnixStream) -> std::io::Result<ShmStream> {
 }
 
 #[cfg(test)]
+mod server_tests;
+#[cfg(test)]
 mod tests;

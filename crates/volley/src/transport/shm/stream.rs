@@ -178,6 +178,14 @@ impl Link {
     }
 }
 
+#[cfg(test)]
+impl Link {
+    /// Wakes the peer's reader as a write would: for tests that change the ring by hand.
+    pub(super) fn wake_peer_reader(&self) {
+        signal(&self.peer_bytes_ready);
+    }
+}
+
 /// Signals an eventfd. A failure (the peer passed something that is not an eventfd, or its
 /// counter is saturated) only costs the peer its wake-up.
 fn signal(fd: &OwnedFd) {
