@@ -19,7 +19,7 @@ mod handshake;
 pub(crate) mod layout;
 pub(crate) mod ring;
 mod stream;
-mod sys;
+pub(crate) mod sys;
 
 use std::path::PathBuf;
 
