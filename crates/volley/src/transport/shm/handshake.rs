@@ -1,4 +1,4 @@
-//! Setting up a shm connection over its unix socket (docs/PROTOCOL.md §2.3): the client sends a
+//! Setting up a shm connection over its unix socket (docs/PROTOCOL.md §2.1.1): the client sends a
 //! hello with the mapping's memory file and its two wake-up eventfds attached (`SCM_RIGHTS`),
 //! the server checks them and answers with its own two eventfds, or refuses with a reason.
 //! After that the socket carries nothing more; it stays open so that each side sees the

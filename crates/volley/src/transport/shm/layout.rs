@@ -1,4 +1,4 @@
-//! Where everything sits in a shm connection's mapping (docs/PROTOCOL.md §2.2), and the
+//! Where everything sits in a shm connection's mapping (docs/PROTOCOL.md §2.1.2), and the
 //! header that describes it: pure functions over bytes.
 //!
 //! ```text

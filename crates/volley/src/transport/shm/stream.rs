@@ -5,7 +5,7 @@
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -26,7 +26,23 @@ use crate::transport::stream::{ByteStream, ReadHalf};
 /// How long a reader that just received bytes keeps looking for more (yielding to the other
 /// tasks between looks) before it sleeps on its eventfd. A reply that comes back within it
 /// costs the peer no wake-up syscall and this side no sleep: see docs/BENCHMARKS.md.
-const SPIN: Duration = Duration::from_micros(50);
+const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// The environment variable that sets the spin in microseconds (0: sleep at once), for hosts
+/// whose cores are too busy for a reader to spend them waiting.
+const SPIN_ENV: &str = "VOLLEY_SHM_SPIN_US";
+
+/// The spin of this process: [`SPIN_ENV`] if it is set to a number, else [`DEFAULT_SPIN`].
+fn spin() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| match std::env::var(SPIN_ENV) {
+        Err(_) => DEFAULT_SPIN,
+        Ok(v) => v.trim().parse().map(Duration::from_micros).unwrap_or_else(|_| {
+            tracing::warn!(value = %v, "{SPIN_ENV} is not a number of microseconds; using the default");
+            DEFAULT_SPIN
+        }),
+    })
+}
 
 /// Most bytes one read takes when the reader offers no room of its own.
 const READ_CHUNK: usize = 64 * 1024;
@@ -221,7 +237,7 @@ impl ShmRead {
 
 impl ReadHalf for ShmRead {
     async fn readable(&self) -> io::Result<()> {
-        let spin_until = self.state.lock().last_bytes + SPIN;
+        let spin_until = self.state.lock().last_bytes + spin();
         loop {
             if self.has_news() {
                 return Ok(());
