@@ -29,6 +29,8 @@ pub enum TransportArg {
     Inproc,
     Unix,
     Tcp,
+    /// Shared memory (Linux), set up over unix sockets.
+    Shm,
 }
 
 /// Default synthetic corpus size: the default matrix (five configurations, the slowest the
@@ -70,8 +72,8 @@ pub struct TestbedArgs {
     /// so no bytes or messages counted).
     #[arg(long, value_enum, default_value = "unix")]
     transport: TransportArg,
-    /// Run every role in its own process (started and stopped by the testbed); needs unix or
-    /// tcp.
+    /// Run every role in its own process (started and stopped by the testbed); needs unix, tcp
+    /// or shm.
     #[arg(long)]
     processes: bool,
     /// Print one JSON object instead of the table.
@@ -87,9 +89,10 @@ pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
         TransportArg::Inproc => Transport::Inproc,
         TransportArg::Unix => Transport::Unix,
         TransportArg::Tcp => Transport::Tcp,
+        TransportArg::Shm => Transport::Shm,
     };
     if a.processes && transport == Transport::Inproc {
-        return Err("--processes needs --transport unix or tcp".into());
+        return Err("--processes needs --transport unix, tcp or shm".into());
     }
     let corpus = match &a.corpus {
         Some(d) => CorpusSpec::Dir(d.clone()),

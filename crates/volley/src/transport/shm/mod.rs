@@ -11,6 +11,7 @@
 //!
 //! - [`layout`]: where the header, control blocks and rings sit in the mapping.
 //! - [`ring`]: one ring's positions and their validation, sans-IO.
+//! - [`spin`]: whether a reader polls before it sleeps.
 //! - [`sys`]: the mapping itself and the eventfds' registration — the only `unsafe` code.
 //! - [`handshake`]: the set-up messages and the passing of file descriptors.
 //! - [`stream`]: the halves a connection reads and writes through.
@@ -18,6 +19,7 @@
 mod handshake;
 pub(crate) mod layout;
 pub(crate) mod ring;
+mod spin;
 mod stream;
 pub(crate) mod sys;
 

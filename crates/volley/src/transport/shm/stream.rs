@@ -5,10 +5,10 @@
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use parking_lot::Mutex;
@@ -19,30 +19,10 @@ use tokio::net::UnixStream;
 use super::handshake::SetUp;
 use super::layout::{CONTROL_A, CONTROL_B};
 use super::ring::{RingAt, RingReader, RingWriter};
+use super::spin::Spin;
 use super::sys::{self, Region};
 use crate::proto::ProtocolError;
 use crate::transport::stream::{ByteStream, ReadHalf};
-
-/// How long a reader that just received bytes keeps looking for more (yielding to the other
-/// tasks between looks) before it sleeps on its eventfd. A reply that comes back within it
-/// costs the peer no wake-up syscall and this side no sleep: see docs/BENCHMARKS.md.
-const DEFAULT_SPIN: Duration = Duration::from_micros(50);
-
-/// The environment variable that sets the spin in microseconds (0: sleep at once), for hosts
-/// whose cores are too busy for a reader to spend them waiting.
-const SPIN_ENV: &str = "VOLLEY_SHM_SPIN_US";
-
-/// The spin of this process: [`SPIN_ENV`] if it is set to a number, else [`DEFAULT_SPIN`].
-fn spin() -> Duration {
-    static SPIN: OnceLock<Duration> = OnceLock::new();
-    *SPIN.get_or_init(|| match std::env::var(SPIN_ENV) {
-        Err(_) => DEFAULT_SPIN,
-        Ok(v) => v.trim().parse().map(Duration::from_micros).unwrap_or_else(|_| {
-            tracing::warn!(value = %v, "{SPIN_ENV} is not a number of microseconds; using the default");
-            DEFAULT_SPIN
-        }),
-    })
-}
 
 /// Most bytes one read takes when the reader offers no room of its own.
 const READ_CHUNK: usize = 64 * 1024;
@@ -113,7 +93,7 @@ impl ByteStream for ShmStream {
     fn into_halves(self) -> (ShmRead, ShmWrite) {
         let read = ShmRead {
             link: self.link.clone(),
-            state: Mutex::new(ReadState { ring: self.rx, last_bytes: Instant::now() }),
+            state: Mutex::new(ReadState { ring: self.rx, last_bytes: Instant::now(), spin: Spin::new() }),
         };
         (read, ShmWrite { link: self.link, ring: self.tx })
     }
@@ -224,6 +204,7 @@ struct ReadState {
     ring: RingReader,
     /// When bytes last came: a reader that just got some looks for more before sleeping.
     last_bytes: Instant,
+    spin: Spin,
 }
 
 impl ShmRead {
@@ -236,13 +217,24 @@ impl ShmRead {
 }
 
 impl ReadHalf for ShmRead {
+    /// Polls the ring for a while after the last bytes (yielding to the runtime's other tasks
+    /// between looks; see [`Spin`]), then sleeps until the peer wakes us or goes away.
     async fn readable(&self) -> io::Result<()> {
-        let spin_until = self.state.lock().last_bytes + spin();
+        let spin_until = {
+            let mut st = self.state.lock();
+            let last_bytes = st.last_bytes;
+            st.spin.until(last_bytes)
+        };
+        let mut spun = false;
         loop {
             if self.has_news() {
+                if spun {
+                    self.state.lock().spin.paid();
+                }
                 return Ok(());
             }
-            if Instant::now() < spin_until {
+            if spin_until.is_some_and(|t| Instant::now() < t) {
+                spun = true;
                 tokio::task::yield_now().await;
                 continue;
             }
@@ -250,6 +242,9 @@ impl ReadHalf for ShmRead {
             if self.has_news() {
                 self.state.lock().ring.cancel_sleep(&self.link.region);
                 return Ok(());
+            }
+            if std::mem::take(&mut spun) {
+                self.state.lock().spin.failed();
             }
             self.link.wait_bytes().await?;
         }
