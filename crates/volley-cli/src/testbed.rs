@@ -68,8 +68,8 @@ pub struct TestbedArgs {
     /// Run one configuration with this codec tier.
     #[arg(long, value_enum)]
     codec: Option<CodecArg>,
-    /// How the roles talk: unix sockets (default), tcp on loopback, or inproc (no encoding,
-    /// so no bytes or messages counted).
+    /// How the roles talk: unix sockets (default), tcp on loopback, shared memory (shm), or
+    /// inproc (no encoding, so no bytes or messages counted).
     #[arg(long, value_enum, default_value = "unix")]
     transport: TransportArg,
     /// Run every role in its own process (started and stopped by the testbed); needs unix, tcp

@@ -1,5 +1,5 @@
 //! `shm://` across two real processes: this test binary runs itself again as the peer (the
-//! ignored entry point `peer_process`, told what to be by an environment variable), so the
+//! test `peer_process`, told what to be by an environment variable), so the
 //! mapping, the eventfds and the set-up socket really cross a process boundary, and the peer
 //! can be killed with `SIGKILL` in the middle of a call.
 #![cfg(target_os = "linux")]
@@ -23,11 +23,21 @@ const PEER_ENV: &str = "VOLLEY_SHM_TEST_PEER";
 /// Generous: the machine is shared, and a process may start slowly.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// The peer process's entry point, run only by [`spawn_peer`] (`--ignored --exact`).
+/// Two tests in one: started by [`spawn_peer`] (with [`PEER_ENV`] set) this is the peer
+/// process, serving or calling until it is killed; run by the test harness, it starts such a
+/// peer itself and makes one call to it, the smallest check across processes. (No test is
+/// ignored, so `--include-ignored` runs nothing that only works as a child.)
 #[test]
-#[ignore = "the peer process of the other tests; runs only when they start it"]
 fn peer_process() {
-    let role = std::env::var(PEER_ENV).expect("started by spawn_peer");
+    let Ok(role) = std::env::var(PEER_ENV) else {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        return rt.block_on(async {
+            let addr = address("smoke");
+            let _peer = spawn_peer("serve", &addr);
+            let client = connect_when_up(&addr, ClientConfig::default()).await;
+            assert_eq!(client.call(&ECHO, pattern(64, 3)).await.unwrap(), pattern(64, 3));
+        });
+    };
     let (what, addr) = role.split_once(' ').expect("ROLE ADDR");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
@@ -79,7 +89,7 @@ impl Drop for Peer {
 
 fn spawn_peer(role: &str, addr: &str) -> Peer {
     let child = Command::new(std::env::current_exe().unwrap())
-        .args(["peer_process", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args(["peer_process", "--exact", "--nocapture", "--test-threads=1"])
         .env(PEER_ENV, format!("{role} {addr}"))
         .spawn()
         .unwrap();
