@@ -236,7 +236,7 @@ fn no_wake_up_is_lost_between_announcing_sleep_and_the_peers_publish() {
         // In odd phases of 64 KiB the writer dawdles, in even ones the reader.
         if rng.usize(0..4) == 0 {
             (0..rng.usize(0..200)).for_each(|_| std::hint::spin_loop());
-            if phase % 7 == 0 {
+            if phase.is_multiple_of(7) {
                 std::thread::yield_now();
             }
         }
@@ -262,7 +262,7 @@ fn no_wake_up_is_lost_between_announcing_sleep_and_the_peers_publish() {
                 if written.wake_reader {
                     signal(&bytes_ready);
                 }
-                if (sent >> 16) % 2 == 1 {
+                if !(sent >> 16).is_multiple_of(2) {
                     pause(&mut rng, sent >> 16);
                 }
             }
@@ -299,7 +299,7 @@ fn no_wake_up_is_lost_between_announcing_sleep_and_the_peers_publish() {
                 }
                 assert!(out.iter().enumerate().all(|(i, b)| *b == byte_at(got + i)), "bytes at {got}");
                 got += read.n;
-                if (got >> 16) % 2 == 0 {
+                if (got >> 16).is_multiple_of(2) {
                     pause(&mut rng, got >> 16);
                 }
             }

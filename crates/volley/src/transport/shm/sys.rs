@@ -109,7 +109,7 @@ impl Region {
 
     /// The 64-bit word at `offset` (a multiple of 8).
     pub fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len, "u64 at {offset} of {}", self.len);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len, "u64 at {offset} of {}", self.len);
         // SAFETY: in bounds and 8-aligned (the mapping starts on a page); the memory lives as
         // long as `self`, which the reference borrows. Every access from this process is
         // atomic; the peer's writes are of the same words, and any value is a valid `u64`.
@@ -118,7 +118,7 @@ impl Region {
 
     /// The 32-bit word at `offset` (a multiple of 4).
     pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset % 4 == 0 && offset + 4 <= self.len, "u32 at {offset} of {}", self.len);
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len, "u32 at {offset} of {}", self.len);
         // SAFETY: as in `u64_at`, for a 4-aligned 32-bit word.
         unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(offset).cast()) }
     }
