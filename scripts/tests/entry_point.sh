@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Tests of scripts/test on a fake machine: a copy of the script in a scratch tree, run with a
 # PATH that holds only fakes of apt-get, sudo and cargo (which log their arguments) and env.
-# The fake apt-get "installs" etcd-server by putting an etcd on that PATH, so the tests see
-# what a fresh machine sees whether or not this machine has etcd. Run by scripts/test; alone:
-# bash scripts/tests/entry_point.sh
+# The fake apt-get "installs" etcd-server by putting an etcd on that PATH, and python3-venv by
+# putting a python3 there whose `-m venv DIR` makes a logging DIR/bin/python, so the tests
+# see what a fresh machine sees whether or not this machine has etcd or Python. Run by
+# scripts/test; alone: bash scripts/tests/entry_point.sh
 set -euo pipefail
 repo="$(cd "${BASH_SOURCE[0]%/*}/../.." && pwd)"
 scratch="$(mktemp -d)"
@@ -24,11 +25,26 @@ fake() {
 fake apt-get "echo \"apt-get \$*\" >>'$log'
 if [[ \" \$* \" == *' install '*' etcd-server '* && -z \${FAKE_BROKEN_PACKAGE:-} ]]; then
     printf '#!/bin/sh\n' >'$bin/etcd' && /bin/chmod +x '$bin/etcd'
+fi
+if [[ \" \$* \" == *' install '*' python3-venv '* && -z \${FAKE_BROKEN_PYTHON:-} ]]; then
+    /bin/cp '$scratch/aside/python3' '$bin/python3'
 fi"
 fake sudo "echo \"sudo \$*\" >>'$log'; exec \"\$@\""
 fake cargo "echo \"cargo \$*\" >>'$log'
 echo \"test result: ok. 3 passed; 0 failed; \${FAKE_IGNORED:-0} ignored; 0 measured; 0 filtered out\"
 exit \${FAKE_CARGO_STATUS:-0}"
+
+# The python3 that the fake python3-venv package brings (kept aside until then), and the
+# Python of the environments its `-m venv DIR` makes, which runs pip and pytest (pytest exits
+# with $FAKE_PYTEST_STATUS).
+mkdir -p "$scratch/aside"
+printf '#!%s\n%s\n' "$BASH" "echo \"venv-python \$*\" >>'$log'
+[ \"\$2\" != pytest ] || exit \${FAKE_PYTEST_STATUS:-0}" >"$scratch/aside/venv-python"
+printf '#!%s\n%s\n' "$BASH" "echo \"python3 \$*\" >>'$log'
+if [ \"\$1 \$2\" = '-m venv' ]; then
+    /bin/mkdir -p \"\$3/bin\" && /bin/cp '$scratch/aside/venv-python' \"\$3/bin/python\"
+fi" >"$scratch/aside/python3"
+chmod +x "$scratch/aside/venv-python" "$scratch/aside/python3"
 
 failures=0
 checks=0
@@ -56,6 +72,8 @@ run --check
 check "--check succeeds" "$status" 0
 check "--check names the missing package" "$out" "*etcd: missing; would install etcd-server*"
 check "--check says what would run" "$out" "*would run: cargo test --workspace -- --include-ignored*"
+check "--check names the missing Python" "$out" "*python3 with venv: missing; would install python3 python3-venv*"
+check "--check says the Python suite would run" "$out" "*would run: cargo build -p volley-cli;*pytest clients/python*"
 check "--check installs and runs nothing" "$calls" ""
 
 # The first run installs etcd-server, then runs every suite with the ignored tests included.
@@ -70,12 +88,21 @@ else
 fi
 check "the first run says what it installed" "$out" "*installed: etcd-server*"
 check "the first run runs the shell tests" "$calls" "*shell test ran*"
-check "the first run runs every Rust test" "$calls" "*cargo test --workspace -- --include-ignored"
+check "the first run runs every Rust test" "$calls" "*cargo test --workspace -- --include-ignored"$'\n'"*"
+check "the first run installs python3-venv" "$calls" "*apt-get install*python3-venv*"
+check "the first run builds the binary, makes the environment and runs pytest" "$calls" "*"$'\n'"cargo build -p volley-cli
+python3 -m venv target/python-venv
+venv-python -m pip install *-e clients/python\[test\]
+venv-python -m pytest *clients/python"
 
 # The second run installs nothing and runs the same tests.
 run
 check "the second run succeeds" "$status" 0
-check "the second run calls no package manager" "$calls" "shell test ran"$'\n'"cargo test --workspace -- --include-ignored"
+check "the second run calls no package manager and reuses the environment" "$calls" "python3 -c import ensurepip, venv
+shell test ran
+cargo test --workspace -- --include-ignored
+cargo build -p volley-cli
+venv-python -m pytest -p no:cacheprovider -q clients/python"
 check "the second run finds etcd" "$out" "*etcd: present*"
 check "the second run says it installed nothing" "$out" "*installed: nothing*"
 run --check
@@ -84,6 +111,7 @@ check "--check on a set-up machine would install nothing" "$out" "*would install
 # Arguments go to cargo test, before the harness's own.
 run etcd
 check "arguments go to cargo test" "$calls" "*cargo test --workspace etcd -- --include-ignored"
+check "with arguments the Python suite is left out, and says so" "$out" "*the Python suite is left out*"
 
 # A summary that reports an ignored test, or failing tests, fail the run.
 FAKE_IGNORED=2 run
@@ -91,9 +119,11 @@ check "an ignored test fails the run" "$status" 1
 check "an ignored test is named as the reason" "$out" "*2 test(s) reported as ignored*"
 FAKE_CARGO_STATUS=101 run
 check "failing tests fail the run" "$status" 101
+FAKE_PYTEST_STATUS=1 run
+check "failing Python tests fail the run" "$status" 1
 
 # Without cargo nothing is installed; a package that does not give etcd is an error.
-rm "$bin/etcd" "$bin/cargo"
+rm "$bin/etcd" "$bin/cargo" "$bin/python3"
 run
 check "without cargo the run fails" "$status" 1
 check "without cargo it says how to get it" "$out" "*install Rust with rustup*"
@@ -102,6 +132,9 @@ fake cargo "exit 0"
 FAKE_BROKEN_PACKAGE=1 run
 check "a package without etcd fails the run" "$status" 1
 check "a package without etcd is reported" "$out" "*etcd-server is installed but there is no etcd on PATH*"
+FAKE_BROKEN_PYTHON=1 run
+check "a python3-venv without venv fails the run" "$status" 1
+check "a python3-venv without venv is reported" "$out" "*python3-venv is installed but python3 -m venv is still unavailable*"
 
 if [ "$failures" -ne 0 ]; then
     echo "scripts/tests/entry_point.sh: $failures of $checks checks failed" >&2

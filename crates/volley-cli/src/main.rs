@@ -2,15 +2,9 @@
 //! run the search-engine testbed.
 
 mod bench;
-mod bench_api;
-mod codec_bench;
 mod controller;
 mod echo;
-mod hostile;
-mod idle_bench;
-mod large_bench;
 mod output;
-mod pools_bench;
 mod refusal;
 mod registry_bench;
 mod testbed;
@@ -100,9 +94,7 @@ enum Command {
         token: Option<String>,
     },
     /// Echo benchmark: server and load generator in one process, or against `--connect ADDR`
-    /// or `--registry ADDR`.
-    /// `volley bench codec` benchmarks the codec tiers instead; `volley bench large` the
-    /// large-payload path.
+    /// or `--registry ADDR`. `volley bench registry` runs the registry's scenarios instead.
     Bench(BenchCommand),
     /// The search-engine testbed of the 2009 MF message-framework report — Document, LA, Index
     /// shards and Main as Volley services — run over a matrix of configurations (relayed or
@@ -117,8 +109,10 @@ enum Command {
     TestbedRole(testbed::RoleArgs),
 }
 
-/// `volley bench [FLAGS]` runs the echo benchmark, as it always has; `volley bench codec
-/// [FLAGS]` runs the codec benchmark. Echo flags and a subcommand do not mix.
+/// `volley bench [FLAGS]` runs the echo benchmark; `volley bench registry SCENARIO [FLAGS]` the
+/// registry's scenarios. Echo flags and a subcommand do not mix. (The benchmarks of Volley's
+/// parts — codec tiers, memory pools, idle connections, large payloads — are research, not the
+/// product: `volley-research` in crates/volley-bench.)
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct BenchCommand {
@@ -130,18 +124,6 @@ struct BenchCommand {
 
 #[derive(Subcommand)]
 enum BenchWhat {
-    /// Codec tiers against each other and a bare memcpy: the seed's serialization tables 1-3
-    /// (string, Vec<i32>, Vec<POD>, HashMap<String, i32>, HashMap<i32, i32>, hash-table inserts).
-    Codec(codec_bench::CodecArgs),
-    /// Large-payload echo over TCP: the server's (de)serialization on the connection's task
-    /// against on the codec pool, side by side (1 MiB, bitcode and JSON).
-    Large(large_bench::LargeArgs),
-    /// Memory pools against the system allocator, mimalloc and jemalloc: seeds/002's
-    /// experiments (fixed-size churn, hash-table churn with 1 and N threads, a map from a custom
-    /// allocator, variable sizes with 4 threads, 4-byte arena allocations).
-    Pools(pools_bench::PoolsArgs),
-    /// The server's resident memory with N idle TCP connections (clients in a child process).
-    Idle(idle_bench::IdleArgs),
     /// The registry under mistakes and attacks, each against an undisturbed run: `pollution`
     /// (2,000 dead instances beside 2 live ones, direct mode) and `restart` (the controller
     /// killed for 1 s under relayed load).
@@ -163,10 +145,6 @@ fn main() -> std::process::ExitCode {
             controller::serve(&listen, &store, registration_credential, token)
         }
         Command::Ls { registry, json, token } => controller::ls(&registry, json, token),
-        Command::Bench(BenchCommand { what: Some(BenchWhat::Codec(args)), .. }) => codec_bench::run(args),
-        Command::Bench(BenchCommand { what: Some(BenchWhat::Large(args)), .. }) => large_bench::run(args),
-        Command::Bench(BenchCommand { what: Some(BenchWhat::Pools(args)), .. }) => pools_bench::run(args),
-        Command::Bench(BenchCommand { what: Some(BenchWhat::Idle(args)), .. }) => idle_bench::run(args),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Registry(args)), .. }) => {
             registry_bench::run(args)
         }

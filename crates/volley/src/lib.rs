@@ -48,6 +48,7 @@
 mod chunks;
 mod client;
 pub mod codec;
+mod context;
 mod error;
 mod liveness;
 mod method;
@@ -77,6 +78,7 @@ pub use bytemuck;
 pub use bytes;
 pub use client::{BatchOptions, BatchStream, CallOptions, Client, ClientConfig};
 pub use codec::{ByteString, CodecError, PodVec, StableHash, Tier, Wire};
+pub use context::current_deadline;
 pub use error::{Error, ErrorClass, Result, Status};
 pub use liveness::Keepalive;
 pub use method::Method;

@@ -1,6 +1,6 @@
 //! Idle connections pin no buffers: 1,000 TCP connections that each made one call and then sit
 //! idle cost the server a few KiB each — the bound that keeps 10,000 under 100 MiB
-//! (`volley bench idle --connections 10000` measures that in two processes).
+//! (`volley-research idle --connections 10000` measures that in two processes).
 //!
 //! Server and clients share this process; the clients are bare std sockets (no user-space
 //! state beyond a file descriptor), so what the heap grows by is the server's. The bound is on
@@ -9,7 +9,7 @@
 //! a whole 64 KiB receive buffer (its dispatcher kept a slice of it), which showed as 8.6 KiB of
 //! resident memory and as 66.6 KiB of heap; and it moves with the allocator's layout (a few bytes
 //! more in an unrelated struct took it to 11.8 KiB). The resident set is still printed, and
-//! `volley bench idle` reports it across two processes.
+//! `volley-research idle` reports it across two processes.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};

@@ -221,10 +221,13 @@ async fn a_bitcode_request_is_answered_bad_request_naming_the_json_encoding() {
     controller.shutdown().await;
 }
 
+/// What a bitcode-era controller's `resolve` answered: service, epoch, revision, known,
+/// settling and the instances (left empty here).
+type OldResolved = BitcodeSerde<(String, u64, u64, bool, bool, Vec<u8>)>;
+
 #[tokio::test]
 async fn a_bitcode_reply_from_an_old_controller_is_a_decode_error_naming_the_json_encoding() {
-    let old_resolve: Method<String, BitcodeSerde<(String, u64, u64, bool, bool, Vec<u8>)>> =
-        Method::new(wire::SERVICE, "resolve");
+    let old_resolve: Method<String, OldResolved> = Method::new(wire::SERVICE, "resolve");
     let server = Server::builder()
         .handle_fn(&old_resolve, |s: String| Ok(BitcodeSerde((s, 7, 3, true, false, Vec::new()))))
         .build();

@@ -154,7 +154,7 @@ impl Client {
         opts: BatchOptions,
     ) -> Vec<Result<Resp, Error>> {
         let n = chunk.len();
-        let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
+        let timeout = crate::context::budget(opts.timeout.unwrap_or(self.inner.config.timeout));
         let result = match self.inner.connection().await {
             Err(e) => Err(e),
             Ok(conn) => match &*conn {

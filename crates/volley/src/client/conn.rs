@@ -15,8 +15,9 @@ use crate::error::{Error, Status};
 use crate::liveness::{Action, Keepalive, Liveness};
 use crate::method::Method;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
+use crate::proto::extensions::FEATURE_EXTENSIONS;
 use crate::proto::message::as_str;
-use crate::proto::{Code, ItemResult, Limits, Message};
+use crate::proto::{Code, Extensions, ItemResult, Limits, Message};
 use crate::stats::Counters;
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
@@ -38,6 +39,10 @@ pub(crate) struct StreamConn {
     peer: String,
     sweeper: Sweeper,
     flow: FlowControl,
+    /// Whether requests carry their time budget: asked for, and the server's preamble said it
+    /// accepts request extensions. Until that preamble arrives, requests go without.
+    sends_deadlines: AtomicBool,
+    wants_deadlines: bool,
 }
 
 /// Per-connection bounds on what is in flight, so a burst of callers waits for room instead of
@@ -55,6 +60,18 @@ struct FlowControl {
     room: Notify,
 }
 
+/// The server's `DeadlineExceeded` for a request that carried this call's budget is this call's
+/// timeout, seen first by the server: the caller gets the same error whichever side noticed
+/// first.
+fn timed_out(e: Error, ext: &Extensions, timeout: Duration) -> Error {
+    match e {
+        Error::Remote(s) if s.code == Code::DeadlineExceeded && ext.deadline_micros.is_some() => {
+            Error::Timeout(timeout)
+        }
+        e => e,
+    }
+}
+
 /// Settings of a new connection (from [`ClientConfig`](super::ClientConfig)).
 #[derive(Debug, Clone)]
 pub(crate) struct ConnOptions {
@@ -62,6 +79,7 @@ pub(crate) struct ConnOptions {
     pub flow: FlowLimits,
     pub token: Option<Vec<u8>>,
     pub keepalive: Option<Keepalive>,
+    pub send_deadlines: bool,
 }
 
 /// Flow-control settings of a connection (see [`ClientConfig`](super::ClientConfig)).
@@ -167,6 +185,8 @@ impl StreamConn {
             peer,
             sweeper: Sweeper::default(),
             flow: FlowControl::new(flow),
+            sends_deadlines: AtomicBool::new(false),
+            wants_deadlines: opts.send_deadlines,
         });
         let c = conn.clone();
         tokio::spawn(async move {
@@ -277,6 +297,10 @@ impl StreamConn {
                 _ = self.dead.cancelled() => return,
             };
             self.reads.fetch_add(1, Ordering::Relaxed);
+            if self.wants_deadlines && !self.sends_deadlines.load(Ordering::Relaxed) {
+                let features = reader.peer_features();
+                self.sends_deadlines.store(features & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
+            }
             match read {
                 Ok(true) => {}
                 Ok(false) if refused => {
@@ -347,18 +371,18 @@ impl StreamConn {
         flags: u8,
         timeout: Duration,
     ) -> Result<Resp, Error> {
+        let ext = self.extensions(timeout);
         let reply = self
             .roundtrip(id, next_id, 1, timeout, |fb, id| match req.as_bytes() {
-                Some(b) if b.len() >= ZERO_COPY_MIN => fb
-                    .request_bytes(id, flags, &crate::proto::Extensions::NONE, (m.service(), m.name()), b)
-                    .map_err(build_error),
+                Some(b) if b.len() >= ZERO_COPY_MIN => {
+                    fb.request_bytes(id, flags, &ext, (m.service(), m.name()), b).map_err(build_error)
+                }
                 _ => fb
-                    .request(id, flags, &crate::proto::Extensions::NONE, (m.service(), m.name()), |buf| {
-                        req.encode(buf)
-                    })
+                    .request(id, flags, &ext, (m.service(), m.name()), |buf| req.encode(buf))
                     .map_err(build_error),
             })
-            .await?;
+            .await
+            .map_err(|e| timed_out(e, &ext, timeout))?;
         match reply {
             Reply::One(payload) => Resp::decode(payload).map_err(|e| Error::Decode(e.0)),
             Reply::Batch(_) => Err(Error::Decode("the server sent a batch reply to a single request".into())),
@@ -377,19 +401,14 @@ impl StreamConn {
         flags: u8,
         timeout: Duration,
     ) -> Result<Vec<Result<Resp, Error>>, Error> {
+        let ext = self.extensions(timeout);
         let reply = self
             .roundtrip(id, next_id, items.len(), timeout, |fb, id| {
-                fb.batch_request(
-                    id,
-                    flags,
-                    &crate::proto::Extensions::NONE,
-                    (m.service(), m.name()),
-                    items,
-                    |r, buf| r.encode(buf),
-                )
-                .map_err(build_error)
+                fb.batch_request(id, flags, &ext, (m.service(), m.name()), items, |r, buf| r.encode(buf))
+                    .map_err(build_error)
             })
-            .await?;
+            .await
+            .map_err(|e| timed_out(e, &ext, timeout))?;
         let Reply::Batch(replies) = reply else {
             return Err(Error::Decode("the server sent a single reply to a batch request".into()));
         };
@@ -466,15 +485,28 @@ impl StreamConn {
         flags: u8,
         timeout: Duration,
     ) -> Result<bytes::Bytes, Error> {
+        let ext = self.extensions(timeout);
         let reply = self
             .roundtrip(id, next_id, 1, timeout, |fb, id| {
-                fb.request_bytes(id, flags, &crate::proto::Extensions::NONE, (service, method), payload)
-                    .map_err(build_error)
+                fb.request_bytes(id, flags, &ext, (service, method), payload).map_err(build_error)
             })
-            .await?;
+            .await
+            .map_err(|e| timed_out(e, &ext, timeout))?;
         match reply {
             Reply::One(payload) => Ok(payload),
             Reply::Batch(_) => Err(Error::Decode("the server sent a batch reply to a single request".into())),
+        }
+    }
+
+    /// The extensions of a request whose call may take `timeout`: its budget in microseconds,
+    /// when this connection sends budgets. A budget beyond the field's range (about 71 minutes)
+    /// is not sent: the server then sets no deadline rather than an early one.
+    fn extensions(&self, timeout: Duration) -> Extensions {
+        match u32::try_from(timeout.as_micros()) {
+            Ok(micros) if self.sends_deadlines.load(Ordering::Relaxed) => {
+                Extensions { deadline_micros: Some(micros), ..Extensions::NONE }
+            }
+            _ => Extensions::NONE,
         }
     }
 
@@ -540,6 +572,7 @@ mod tests {
             flow: FlowLimits { max_items: 16, max_bytes: 1 << 20 },
             token: None,
             keepalive: None,
+            send_deadlines: true,
         }
     }
 

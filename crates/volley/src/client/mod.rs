@@ -69,6 +69,11 @@ pub struct ClientConfig {
     /// without closing: pending calls then fail with a connection error. Default: a ping after
     /// 30 s without traffic, the connection declared dead 20 s after it. `None`: off.
     pub keepalive: Option<crate::Keepalive>,
+    /// Sends each call's time budget with its request, to servers that accept request
+    /// extensions (`docs/PROTOCOL.md` §6.2.2): such a server answers `DeadlineExceeded` instead
+    /// of running a request whose caller has given up, and stops a handler still running when
+    /// the budget runs out. Default: on.
+    pub send_deadlines: bool,
     /// TLS settings for `tls://` addresses (feature `tls`).
     #[cfg(feature = "tls")]
     #[setters(strip_option)]
@@ -91,6 +96,7 @@ impl Default for ClientConfig {
             shared_sequence: None,
             token: None,
             keepalive: Some(crate::Keepalive::default()),
+            send_deadlines: true,
             #[cfg(feature = "tls")]
             tls: None,
             shm_ring: 1 << 20,
@@ -104,6 +110,10 @@ impl Default for ClientConfig {
 pub struct CallOptions {
     /// Overrides the client's default deadline.
     pub timeout: Option<Duration>,
+    /// A point in time the call must not outlive (on top of its timeout): say, the
+    /// [`current_deadline`](crate::current_deadline) a handler read at its start, for calls it
+    /// makes after it first waited.
+    pub deadline: Option<tokio::time::Instant>,
     /// The call is safe to repeat (used by retries and failover).
     pub idempotent: bool,
 }
@@ -113,9 +123,24 @@ impl CallOptions {
         self.timeout = Some(t);
         self
     }
+    pub fn deadline(mut self, at: tokio::time::Instant) -> Self {
+        self.deadline = Some(at);
+        self
+    }
     pub fn idempotent(mut self) -> Self {
         self.idempotent = true;
         self
+    }
+
+    /// The time the call may take: its timeout (or the client's), cut to its deadline and to
+    /// the deadline of the request being handled when a handler makes the call.
+    pub(crate) fn budget(&self, default: Duration) -> Duration {
+        let timeout = self.timeout.unwrap_or(default);
+        let timeout = match self.deadline {
+            Some(at) => timeout.min(at.saturating_duration_since(tokio::time::Instant::now())),
+            None => timeout,
+        };
+        crate::context::budget(timeout)
     }
 }
 
@@ -185,7 +210,7 @@ impl Client {
         req: Req,
         opts: CallOptions,
     ) -> Result<Resp, Error> {
-        let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
+        let timeout = opts.budget(self.inner.config.timeout);
         match &*self.inner.connection().await? {
             Conn::Local(server) => inproc::call(&**server, m, req, timeout).await,
             Conn::Stream(c) => {
@@ -206,7 +231,7 @@ impl Client {
         payload: bytes::Bytes,
         opts: CallOptions,
     ) -> Result<bytes::Bytes, Error> {
-        let timeout = opts.timeout.unwrap_or(self.inner.config.timeout);
+        let timeout = opts.budget(self.inner.config.timeout);
         match &*self.inner.connection().await? {
             Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
             Conn::Stream(c) => {
@@ -318,6 +343,7 @@ impl Inner {
             flow: self.flow_limits(),
             token: self.config.token.clone(),
             keepalive: self.config.keepalive,
+            send_deadlines: self.config.send_deadlines,
         }
     }
 

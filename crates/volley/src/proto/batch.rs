@@ -14,7 +14,7 @@
 use bytes::Bytes;
 
 use super::ProtocolError;
-use super::message::Code;
+use super::code::Code;
 
 /// The items of a batch message, validated when the message was decoded. `body` holds the
 /// items after the count; iterating slices it without copying.

@@ -10,8 +10,9 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use super::batch::BatchItems;
+use super::code::Code;
 use super::extensions::{Extensions, FLAG_EXTENSIONS};
-use super::message::{Code, Kind, Message};
+use super::message::{Kind, Message};
 use super::{Limits, ProtocolError, preamble};
 
 /// Frame decoder for one direction of one connection.
@@ -56,7 +57,6 @@ impl Decoder {
     }
 
     /// The features the peer's preamble announced (§4.4 of PROTOCOL.md).
-    #[cfg(any(test, feature = "internals"))]
     pub fn peer_features(&self) -> u8 {
         self.peer_features
     }

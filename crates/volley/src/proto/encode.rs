@@ -10,8 +10,9 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::Limits;
+use super::code::Code;
 use super::extensions::{Extensions, FLAG_EXTENSIONS};
-use super::message::{Code, Kind, MAX_NAME_LEN};
+use super::message::{Kind, MAX_NAME_LEN};
 use crate::pool::{self, buffer::PoolBuf};
 
 /// Payloads at least this large are sent as their own segment instead of being copied into the

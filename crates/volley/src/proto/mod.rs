@@ -13,6 +13,7 @@
 //! - [`batch`]: the items of batch requests and replies.
 
 pub mod batch;
+pub mod code;
 pub mod decoder;
 pub mod encode;
 pub mod extensions;
@@ -21,12 +22,15 @@ pub mod message;
 pub mod preamble;
 
 pub use batch::{BatchItems, ItemResult};
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
+pub use code::Code;
 pub use decoder::{Decoder, decode_frame};
 pub use encode::FrameBuilder;
 pub use extensions::{Extensions, TraceParent};
 pub use limits::Limits;
-#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
-pub use message::{Code, Kind, Message};
+#[cfg(feature = "internals")]
+pub use message::Kind;
+pub use message::Message;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use preamble::{PREAMBLE, PREAMBLE_LEN, SERVER_PREAMBLE, VERSION};
 

@@ -224,7 +224,7 @@ impl Registry {
             transport: {
                 let mut t = i.bootstrap_transport;
                 for c in i.clients.lock().iter().flatten() {
-                    super::instances::add_snapshot(&mut t, &c.counters());
+                    super::pool_stats::add_snapshot(&mut t, &c.counters());
                 }
                 t
             },
@@ -349,7 +349,7 @@ impl Registry {
         timeout: Option<Duration>,
     ) -> Result<Resp, Error> {
         self.inner.sent.fetch_add(1, Relaxed);
-        let opts = CallOptions { timeout, idempotent: false };
+        let opts = CallOptions { timeout, idempotent: false, deadline: None };
         let call = client.call_with(m, req, opts);
         // The deadline covers reconnecting too (a call's own deadline starts once connected).
         let r = match timeout {

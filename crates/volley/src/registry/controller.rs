@@ -16,7 +16,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::client_ids::{self, Holders};
-use super::instances::{Balance, Pick, Pool, PoolConfig, PoolStats};
+use super::instances::{Balance, Pick, Pool, PoolConfig};
+use super::pool_stats::PoolStats;
 use super::store::{MemoryStore, Store, StoreError, StoreStatus};
 use super::wire::*;
 use crate::client::{CallOptions, ClientConfig};
@@ -177,7 +178,7 @@ impl Controller {
         let relay = &self.state.relay;
         let mut relay_transport = relay.stats.retired();
         for p in relay.pools.lock().values() {
-            super::instances::add_snapshot(&mut relay_transport, &p.pool.counters());
+            super::pool_stats::add_snapshot(&mut relay_transport, &p.pool.counters());
         }
         ControllerStats {
             server: self.server.counters(),
@@ -477,7 +478,7 @@ impl Relay {
             0 => self.base.timeout,
             ms => Duration::from_millis(ms as u64),
         };
-        let opts = CallOptions { timeout: Some(timeout), idempotent: r.idempotent };
+        let opts = CallOptions { timeout: Some(timeout), idempotent: r.idempotent, deadline: None };
         let (service, method, payload) = (&r.service, &r.method, &r.payload);
         pool.call(&route, r.idempotent, |client| {
             let payload = payload.clone();

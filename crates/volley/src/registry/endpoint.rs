@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
-use super::instances::PoolStats;
+use super::pool_stats::PoolStats;
 use super::wire::Instance;
 use crate::client::{Client, ClientConfig};
 use crate::error::Error;

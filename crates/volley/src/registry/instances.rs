@@ -20,6 +20,7 @@ use super::ejection::{Ejections, ProbeClock, Reason};
 pub(crate) use super::endpoint::Endpoint;
 use super::endpoint::{Outstanding, two_choices};
 use super::hash::HashRing;
+use super::pool_stats::{PoolStats, add_snapshot};
 use super::wire::{Instance, Resolved};
 use crate::client::{Client, ClientConfig};
 use crate::error::Error;
@@ -70,34 +71,6 @@ pub(crate) struct PoolConfig {
     /// (the registry may have lost its state while the instances still work); the
     /// controller's relay reads its own store, which is the truth, and turns this off.
     pub keep_last_good: bool,
-}
-
-/// Counters shared by the pools of one owner.
-#[derive(Debug, Default)]
-pub(crate) struct PoolStats {
-    pub failovers: AtomicU64,
-    pub instances_dropped: AtomicU64,
-    /// Transport counters of connections that were closed or replaced.
-    retired: Mutex<Snapshot>,
-}
-
-impl PoolStats {
-    pub fn retire(&self, s: Snapshot) {
-        add_snapshot(&mut self.retired.lock(), &s);
-    }
-
-    pub fn retired(&self) -> Snapshot {
-        *self.retired.lock()
-    }
-}
-
-pub(crate) fn add_snapshot(acc: &mut Snapshot, s: &Snapshot) {
-    acc.frames_sent += s.frames_sent;
-    acc.messages_sent += s.messages_sent;
-    acc.bytes_sent += s.bytes_sent;
-    acc.frames_received += s.frames_received;
-    acc.messages_received += s.messages_received;
-    acc.bytes_received += s.bytes_received;
 }
 
 /// One immutable picture of the service; replaced whole on every change.

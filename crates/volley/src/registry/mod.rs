@@ -29,6 +29,7 @@ mod ejection;
 mod endpoint;
 mod hash;
 mod instances;
+mod pool_stats;
 mod registration;
 mod service_client;
 mod store;

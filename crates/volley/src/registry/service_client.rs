@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::connection::Registry;
 use super::hash::hash_key;
-use super::instances::{Balance, Pick, Pool, PoolConfig, PoolStats, add_snapshot};
+use super::instances::{Balance, Pick, Pool, PoolConfig};
+use super::pool_stats::{PoolStats, add_snapshot};
 use super::wire::{Instance, RelayRequest, Target, WatchRequest};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
 use crate::codec::{StableHash, Wire};
@@ -249,7 +250,8 @@ impl ServiceClient {
         let reqs: Vec<Req> = reqs.into_iter().collect();
         let n = reqs.len();
         if self.inner.config.mode == Mode::Relayed {
-            let call_opts = CallOptions { timeout: opts.timeout, idempotent: opts.idempotent };
+            let call_opts =
+                CallOptions { timeout: opts.timeout, idempotent: opts.idempotent, deadline: None };
             let calls = reqs.into_iter().map(|r| self.route_call(m, r, call_opts, Pick::Balanced));
             return futures_util::future::join_all(calls).await;
         }

@@ -13,12 +13,14 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use tokio::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
-use super::handler::poll_now;
+use super::batch::poll_now;
 use super::offload::offloaded;
-use super::replies::Replies;
+use super::replies::{Replies, expire};
+use super::running::Running;
 use crate::proto::encode::FrameBuilder;
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Limits, Message, ProtocolError};
@@ -26,6 +28,9 @@ use crate::transport::outbox::Outbox;
 
 /// The error a request still running at a shutdown's drain deadline gets. Its handler may have
 /// partly run.
+/// The error of a request whose client cancelled it while its handler ran.
+const CANCELLED: &str = "the client cancelled the request";
+
 const DROPPED_AT_DEADLINE: &str = "the server shut down: its drain deadline passed before this request finished (the handler may have partly run)";
 
 thread_local! {
@@ -57,6 +62,53 @@ pub(super) struct Dispatch {
     pings: Vec<u64>,
     /// The peer, the [`current_peer`](super::current_peer) of its handlers.
     peer: Option<Arc<super::Peer>>,
+    /// The latest deadline among the group's requests, unless one of them has none.
+    deadline: GroupDeadline,
+    /// When the turn started, read once per turn and only if a request has a deadline.
+    now: Option<Instant>,
+    /// Work of this connection still running, for the client's cancels.
+    running: Arc<Running>,
+}
+
+/// The deadline a group of requests runs under: the latest of theirs, so that no request is
+/// cut short; none if any request of the group came without one.
+#[derive(Default, Clone, Copy)]
+enum GroupDeadline {
+    #[default]
+    Empty,
+    At(Instant),
+    None,
+}
+
+impl GroupDeadline {
+    fn add(&mut self, d: Option<Instant>) {
+        *self = match (*self, d) {
+            (GroupDeadline::Empty, Some(d)) => GroupDeadline::At(d),
+            (GroupDeadline::At(a), Some(d)) => GroupDeadline::At(a.max(d)),
+            _ => GroupDeadline::None,
+        };
+    }
+
+    fn take(&mut self) -> Option<Instant> {
+        match std::mem::take(self) {
+            GroupDeadline::At(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Runs `f` (a handler's start) with `peer` and `deadline` as what the handler sees of its
+/// request ([`current_peer`](super::current_peer), [`current_deadline`](crate::current_deadline)).
+fn with_context<R>(peer: &Option<Arc<super::Peer>>, deadline: Option<Instant>, f: impl FnOnce() -> R) -> R {
+    super::with_peer(peer.as_ref(), || crate::context::with_deadline(deadline, f))
+}
+
+/// Completes at `deadline`; never without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Dispatch {
@@ -99,7 +151,10 @@ impl Dispatch {
         let mut violation = None;
         for msg in batch.drain(..) {
             match msg {
-                Message::Request { id, service, method, payload, .. } => {
+                Message::Request { id, service, method, payload, ext, .. } => {
+                    let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) else {
+                        continue;
+                    };
                     let large = payload.len() >= c.shared.config.offload_min_bytes;
                     let same = self
                         .key
@@ -110,19 +165,21 @@ impl Dispatch {
                         self.key = Some((service, method, large));
                     }
                     self.group.push((id, payload));
+                    self.deadline.add(deadline);
                 }
                 Message::Ping { token } => self.pings.push(token),
-                // Cancels are advisory in protocol version 1: the reply is still sent, and the
-                // client drops it. Auth was checked when the connection opened (a repeated one
-                // changes nothing).
-                Message::Cancel { .. } | Message::Pong { .. } | Message::Auth { .. } => {}
+                Message::Cancel { id } => self.running.cancel(id),
+                // Auth was checked when the connection opened (a repeated one changes nothing).
+                Message::Pong { .. } | Message::Auth { .. } => {}
                 Message::GoAway { code, message } => {
                     tracing::debug!(%code, message = as_str(&message), "client is going away");
                 }
-                Message::BatchRequest { id, service, method, items, .. } => {
+                Message::BatchRequest { id, service, method, items, ext, .. } => {
                     self.flush(c, out);
                     self.key = None;
-                    self.batch(c, out, id, &service, &method, items);
+                    if let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) {
+                        self.batch(c, out, id, (&service, &method), items, deadline);
+                    }
                 }
                 Message::Reply { .. } | Message::Error { .. } | Message::BatchReply { .. } => {
                     violation = Some(ProtocolError::Malformed("a client sent a reply to the server"));
@@ -136,7 +193,30 @@ impl Dispatch {
         // The key's names are slices of the receive buffer: kept past the turn, they would pin
         // the whole buffer (64 KiB) for as long as the connection stays idle.
         self.key = None;
+        self.now = None;
         violation
+    }
+
+    /// The deadline of request `id` from the budget its caller sent: `Some(None)` for none,
+    /// `Some(Some(at))`, or `None` when the budget is spent already — the request is then
+    /// answered `DeadlineExceeded` at once and never runs.
+    fn deadline_of(
+        &mut self,
+        c: &Conn<'_>,
+        out: &mut FrameBuilder,
+        id: u64,
+        budget_micros: Option<u32>,
+    ) -> Option<Option<Instant>> {
+        match budget_micros {
+            None => Some(None),
+            Some(0) => {
+                expire(c.shared, out, &[id]);
+                None
+            }
+            Some(us) => {
+                Some(Some(*self.now.get_or_insert_with(Instant::now) + Duration::from_micros(us.into())))
+            }
+        }
     }
 
     /// Hands the current group to its handler.
@@ -146,6 +226,13 @@ impl Dispatch {
         }
         let (service, method, large) = self.key.as_ref().expect("a group has a key");
         let large = *large;
+        let deadline = self.deadline.take();
+        // A long turn (a big read under load) can outlast its requests' budgets: those whose
+        // caller has given up are not run.
+        if deadline.is_some_and(|d| d <= Instant::now()) {
+            let ids: Vec<u64> = self.group.drain(..).map(|(id, _)| id).collect();
+            return expire(c.shared, out, &ids);
+        }
         let route = match c.shared.router.lookup(as_str(service), as_str(method)) {
             Ok(route) => route,
             Err(status) => {
@@ -171,16 +258,17 @@ impl Dispatch {
             let group = std::mem::take(&mut self.group);
             offloaded(route.handler.clone(), self.started.clone(), c.shared.config.limits, move |h, out| {
                 let mut group = group;
-                h.serve(&mut group, out)
+                h.serve(&mut group, out, deadline)
             })
         } else {
             let handler = &route.handler;
-            match super::with_peer(self.peer.as_ref(), || handler.serve(&mut self.group, out)) {
+            let group = &mut self.group;
+            match with_context(&self.peer, deadline, || handler.serve(group, out, deadline)) {
                 Some(fut) => fut,
                 None => return, // a synchronous handler answered already
             }
         };
-        self.start(c, out, fut, n);
+        self.start(c, out, fut, n, deadline);
     }
 
     /// Hands the items of batch request `id` to its handler.
@@ -189,9 +277,9 @@ impl Dispatch {
         c: &Conn<'_>,
         out: &mut FrameBuilder,
         id: u64,
-        service: &Bytes,
-        method: &Bytes,
+        (service, method): (&Bytes, &Bytes),
         items: BatchItems,
+        deadline: Option<Instant>,
     ) {
         let route = match c.shared.router.lookup(as_str(service), as_str(method)) {
             Ok(route) => route,
@@ -208,31 +296,33 @@ impl Dispatch {
                 Some(h.serve_batch(id, items, max_batch))
             })
         } else {
-            route.handler.serve_batch(id, items, max_batch)
+            with_context(&self.peer, deadline, || route.handler.serve_batch(id, items, max_batch))
         };
         self.started.clear();
         self.started.push(id);
-        self.start(c, out, fut, n);
+        self.start(c, out, fut, n, deadline);
     }
 
     /// Runs the replies' future for the requests in `self.started`: if it finishes on its first
     /// poll, its replies join this turn's; if not, it continues as its own task, and its `n`
     /// requests (a batch request counts its items) count as queued work until its replies are
-    /// queued.
+    /// queued. At `deadline` the task drops the handler's work: its callers have given up.
     fn start(
         &mut self,
         c: &Conn<'_>,
         out: &mut FrameBuilder,
         mut fut: BoxFuture<'static, Box<dyn Replies>>,
         n: usize,
+        deadline: Option<Instant>,
     ) {
-        if let Some(replies) = super::with_peer(self.peer.as_ref(), || poll_now(&mut fut)) {
+        if let Some(replies) = with_context(&self.peer, deadline, || poll_now(&mut fut)) {
             return replies.write(out);
         }
         c.shared.queued.fetch_add(n, Ordering::Relaxed);
-        let (shared, outbox) = (c.shared.clone(), c.outbox.clone());
+        let (shared, outbox, running) = (c.shared.clone(), c.outbox.clone(), self.running.clone());
         // Cloned only here, on the slow path, which spawns a task anyway.
         let ids = self.started.clone();
+        let work = running.start(&ids);
         c.inflight.spawn(async move {
             tokio::select! {
                 replies = fut => {
@@ -243,7 +333,17 @@ impl Dispatch {
                 _ = shared.abort.cancelled() => {
                     let _ = outbox.push(|fb| ids.iter().for_each(|&id| fb.error(id, Code::ShuttingDown, DROPPED_AT_DEADLINE)));
                 }
+                () = sleep_until_some(deadline) => {
+                    let _ = outbox.push(|fb| expire(&shared, fb, &ids));
+                }
+                // The client cancelled every request of this work: it stops. The answer is
+                // for this side's books; the client has forgotten the ids.
+                () = work.cancelled.cancelled() => {
+                    shared.cancelled.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    let _ = outbox.push(|fb| ids.iter().for_each(|&id| fb.error(id, Code::Cancelled, CANCELLED)));
+                }
             }
+            running.finish(&ids);
             shared.queued.fetch_sub(n, Ordering::Relaxed);
         });
     }

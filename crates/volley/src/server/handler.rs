@@ -9,15 +9,17 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, MaybeDone};
+use tokio::time::Instant;
 
 use super::Shared;
+use super::batch::{BatchFn, BatchResult};
 use super::local::LocalQueue;
-use super::replies::{Replies, ReplyTo, Results, encode_payload, write_result};
+use super::replies::{Replies, ReplyTo, Results, encode_payload, expire, write_result};
 use crate::chunks::chunks;
 use crate::codec::{CodecError, Wire};
 use crate::error::Status;
@@ -25,10 +27,6 @@ use crate::proto::encode::FrameBuilder;
 use crate::proto::{BatchItems, Code};
 use crate::transport::inproc::{LocalMethod, Started};
 
-/// What a batch handler returns: one result per request, in request order.
-pub type BatchResult<Resp> = Vec<Result<Resp, Status>>;
-
-pub(super) type BatchFn<Req, Resp> = dyn Fn(Vec<Req>) -> BoxFuture<'static, BatchResult<Resp>> + Send + Sync;
 type ItemFn<Req, Resp> = dyn Fn(Req) -> BoxFuture<'static, Result<Resp, Status>> + Send + Sync;
 type SyncFn<Req, Resp> = dyn Fn(Req) -> Result<Resp, Status> + Send + Sync;
 
@@ -42,6 +40,9 @@ enum Func<Req, Resp> {
     Batch(Arc<BatchFn<Req, Resp>>),
 }
 
+/// How many requests of a group a synchronous handler serves between two reads of the clock.
+const CLOCK_EVERY: usize = 16;
+
 /// The handler of one method, typed.
 pub(crate) struct TypedHandler<Req, Resp> {
     func: Func<Req, Resp>,
@@ -49,17 +50,6 @@ pub(crate) struct TypedHandler<Req, Resp> {
     queue: Arc<LocalQueue<Req, Resp>>,
     /// The server, once built: the queue's dispatcher runs on it.
     server: OnceLock<Weak<Shared>>,
-}
-
-/// Runs `fut` once, in place, and returns its output if it is done. Most handlers finish
-/// without waiting, and then their replies go out at once, with no task switch. `None` means
-/// it waits: the caller spawns it, and its task polls it again with a real waker — which is
-/// what makes the no-op waker here safe.
-pub(crate) fn poll_now<T>(fut: &mut BoxFuture<'static, T>) -> Option<T> {
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
 }
 
 impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
@@ -181,10 +171,12 @@ pub(crate) trait Handler: Send + Sync {
     /// answers them at once, into `out`, and `None` is returned; otherwise the future of the
     /// replies. Payloads that do not decode are answered [`Code::BadRequest`] without reaching
     /// the handler.
+    /// Serves a group of requests, `deadline` the latest of theirs (if they all have one).
     fn serve(
         &self,
         reqs: &mut Vec<(u64, Bytes)>,
         out: &mut FrameBuilder,
+        deadline: Option<Instant>,
     ) -> Option<BoxFuture<'static, Box<dyn Replies>>>;
     /// Serves the items of batch request `id`: one batch reply, an item per request.
     fn serve_batch(
@@ -253,11 +245,24 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
         &self,
         reqs: &mut Vec<(u64, Bytes)>,
         out: &mut FrameBuilder,
+        deadline: Option<Instant>,
     ) -> Option<BoxFuture<'static, Box<dyn Replies>>> {
         if let Func::Sync(f) = &self.func {
-            for (id, payload) in reqs.drain(..) {
+            // A long group of slow requests can outlast its callers' budgets: the clock is read
+            // every few requests (a read per request would cost more than a fast handler), and
+            // once the latest deadline has passed, the rest are not run.
+            let mut expired = Vec::new();
+            for (i, (id, payload)) in reqs.drain(..).enumerate() {
+                let check = i % CLOCK_EVERY == CLOCK_EVERY - 1;
+                if !expired.is_empty() || (check && deadline.is_some_and(|d| d <= Instant::now())) {
+                    expired.push(id);
+                    continue;
+                }
                 let result = Req::decode(payload).map_err(undecodable).and_then(f);
                 write_result(out, id, result);
+            }
+            if let Some(server) = self.server.get().and_then(Weak::upgrade).filter(|_| !expired.is_empty()) {
+                expire(&server, out, &expired);
             }
             return None;
         }

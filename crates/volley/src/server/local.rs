@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::Shared;
-use super::handler::{BatchFn, BatchResult, poll_now};
+use super::batch::{BatchFn, BatchResult, poll_now};
 use crate::error::Status;
 use crate::proto::Code;
 use crate::transport::inproc::{LocalServer, Started};

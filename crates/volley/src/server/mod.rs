@@ -12,6 +12,7 @@
 //! ```
 
 mod admission;
+mod batch;
 mod conn;
 mod dispatch;
 mod handler;
@@ -19,6 +20,7 @@ mod local;
 mod offload;
 mod replies;
 mod router;
+mod running;
 
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
@@ -43,7 +45,7 @@ use admission::Admission;
 use handler::TypedHandler;
 use router::{Route, Router};
 
-pub use handler::BatchResult;
+pub use batch::BatchResult;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -254,6 +256,8 @@ impl ServerBuilder {
                 runtime: OnceLock::new(),
                 bound: Mutex::new(Vec::new()),
                 queued: AtomicUsize::new(0),
+                expired: Default::default(),
+                cancelled: Default::default(),
             }
         });
         Server { shared }
@@ -292,6 +296,10 @@ pub(crate) struct Shared {
     bound: Mutex<Vec<Address>>,
     /// Requests held by handlers that did not finish on their first poll.
     pub(crate) queued: AtomicUsize,
+    /// Requests answered `DeadlineExceeded` because their caller's budget ran out first.
+    pub(crate) expired: std::sync::atomic::AtomicU64,
+    /// Requests whose running handler was stopped because the client cancelled them.
+    pub(crate) cancelled: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -394,6 +402,19 @@ impl Server {
     /// The server's counters (all connections together).
     pub fn counters(&self) -> Snapshot {
         self.shared.counters.snapshot()
+    }
+
+    /// Requests answered `DeadlineExceeded` because the time budget their caller sent ran out:
+    /// before their handler ran (it never ran for them), or while it was still running (its
+    /// work was dropped).
+    pub fn expired_requests(&self) -> u64 {
+        self.shared.expired.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Requests whose handler was still running when the client cancelled them (it dropped
+    /// the call): the handler's work was dropped.
+    pub fn cancelled_requests(&self) -> u64 {
+        self.shared.cancelled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many connections the server serves and has opening now.

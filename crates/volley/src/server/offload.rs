@@ -19,7 +19,8 @@ use std::sync::{Arc, OnceLock};
 
 use futures_util::future::BoxFuture;
 
-use super::handler::{Handler, panic_message, poll_now};
+use super::batch::poll_now;
+use super::handler::{Handler, panic_message};
 use super::replies::{Replies, ReplyTo, Results};
 use crate::error::Status;
 use crate::proto::encode::{FrameBuilder, Frames};

@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 
+use super::Shared;
 use crate::codec::Wire;
 use crate::error::Status;
 use crate::proto::Code;
@@ -112,4 +113,13 @@ pub(crate) fn encode_payload<Resp: Wire>(resp: &Resp) -> Result<Bytes, Status> {
     resp.encode(&mut buf)
         .map(|()| buf.freeze())
         .map_err(|e| Status::new(Code::Internal, format!("reply could not be encoded: {e}")))
+}
+
+/// The error of a request whose caller's time budget ran out before its handler answered.
+const EXPIRED: &str = "the caller's deadline passed before the server answered (its time budget ran out)";
+
+/// Answers `ids` `DeadlineExceeded`, and counts them.
+pub(super) fn expire(shared: &Shared, out: &mut FrameBuilder, ids: &[u64]) {
+    shared.expired.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    ids.iter().for_each(|&id| out.error(id, Code::DeadlineExceeded, EXPIRED));
 }

@@ -97,6 +97,11 @@ impl<R: ReadHalf> FrameReader<R> {
         self
     }
 
+    /// The features the peer's preamble announced (0 until it arrived).
+    pub fn peer_features(&self) -> u8 {
+        self.decoder.peer_features()
+    }
+
     /// Waits for the peer's preamble and checks it; frames that came with it stay buffered.
     /// `Ok(false)` if the peer closed the stream before sending a byte.
     pub async fn preamble(&mut self) -> Result<bool, ReadError> {

@@ -1,13 +1,16 @@
-//! `volley bench codec`: the seed's serialization tables 1–3 (seeds/000 §6.2.1), with Volley's
-//! codec tiers in place of boost, febird and memcpy (serde_json stands in for boost).
+//! `volley-research codec`: the serialization tables 1–3 of the MF report (the 2009
+//! message-framework report whose search-engine testbed `volley testbed` rebuilds), with
+//! Volley's codec tiers in place of the report's three columns: boost (serde_json and
+//! MessagePack stand in), Febird (bitcode) and memory (the plain-data tier, hand-written
+//! encodings and a bare memcpy).
 //!
 //! - `string`: "izenesoft" encoded `--count` times, then decoded `--count` times (table 1).
 //! - `vec_i32`, `vec_quad`, `map_string_i32`, `map_i32_i32`: containers of `--elements`
 //!   entries, each encoded and decoded `--count / --elements` times, so every row moves
 //!   `--count` elements (table 2).
 //! - `hash_insert`: `--count` int → string items inserted into a hash table whose hash function
-//!   encodes the key with the tier and hashes the bytes (the seed's `sdb_hashing`), then every
-//!   key looked up (table 3). `encode_s` is the insert time, `decode_s` the lookup time.
+//!   encodes the key with the tier and hashes the bytes (the report's `sdb_hashing`), then
+//!   every key looked up (table 3). `encode_s` is the insert time, `decode_s` the lookup time.
 //!
 //! Every case has a `memcpy` row: the same bytes as the pod or custom encoding, copied into the
 //! reused send buffer (encode) and into a fresh allocation (decode), so the plain-data tier's
@@ -17,19 +20,22 @@
 //! compared with the input before timing. Decoding is timed from a `Bytes` payload whose
 //! clone costs nothing, as in Volley the reader has already made it.
 
+mod hash;
+mod values;
+
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::Hash;
 use std::hint::black_box;
-use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
-use crate::output::outln;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use volley::bytes::{Bytes, BytesMut};
-use volley::codec::hash::xxh3_64;
-use volley::codec::{Bitcode, BitcodeSerde, Json, MsgPack, PodVec, StableHash};
-use volley::{ByteString, CodecError, Wire};
+use volley::codec::{Bitcode, BitcodeSerde, Json, MsgPack, PodVec};
+use volley::{ByteString, Wire};
+
+use crate::output::outln;
+use values::{IntIntMap, Quad, StrIntMap, value};
 
 #[derive(Args, Debug, Clone)]
 pub struct CodecArgs {
@@ -66,99 +72,6 @@ struct Row {
     encode_s: f64,
     decode_s: f64,
     runs: usize,
-}
-
-/// Table 2's POD: `struct { int a; int b; int c; int d; }`.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    bytemuck::Pod,
-    bytemuck::Zeroable,
-    Serialize,
-    Deserialize,
-    bitcode::Encode,
-    bitcode::Decode,
-)]
-#[repr(C)]
-struct Quad {
-    a: i32,
-    b: i32,
-    c: i32,
-    d: i32,
-}
-
-/// The custom tier for `map<string, int>`: u32 LE key length, key bytes, i32 LE value, per
-/// entry (what the seed's memcpy column did for maps).
-#[derive(Debug, PartialEq)]
-struct StrIntMap(HashMap<String, i32>);
-
-impl Wire for StrIntMap {
-    fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
-        // Size the whole encoding first and fill it in place: one capacity check instead of
-        // three per entry.
-        let size: usize = self.0.keys().map(|k| 8 + k.len()).sum();
-        let start = out.len();
-        out.resize(start + size, 0);
-        let mut at = &mut out[start..];
-        for (k, v) in &self.0 {
-            let (len, rest) = at.split_at_mut(4);
-            len.copy_from_slice(&(k.len() as u32).to_le_bytes());
-            let (key, rest) = rest.split_at_mut(k.len());
-            key.copy_from_slice(k.as_bytes());
-            let (value, rest) = rest.split_at_mut(4);
-            value.copy_from_slice(&v.to_le_bytes());
-            at = rest;
-        }
-        Ok(())
-    }
-    fn decode(bytes: Bytes) -> Result<Self, CodecError> {
-        let bad = || CodecError("truncated map entry".into());
-        let mut map = HashMap::with_capacity(bytes.len() / 16);
-        let mut rest = &bytes[..];
-        while let Some((len, after)) = rest.split_first_chunk::<4>() {
-            let len = u32::from_le_bytes(*len) as usize;
-            if after.len() < len + 4 {
-                return Err(bad());
-            }
-            let (key, after) = after.split_at(len);
-            let (value, after) = after.split_at(4);
-            let key = std::str::from_utf8(key).map_err(|e| CodecError(e.to_string()))?;
-            map.insert(key.to_owned(), i32::from_le_bytes(value.try_into().unwrap()));
-            rest = after;
-        }
-        if !rest.is_empty() {
-            return Err(bad());
-        }
-        Ok(StrIntMap(map))
-    }
-}
-
-/// The custom tier for `map<int, int>`: the entries as (i32, i32) little-endian pairs.
-#[derive(Debug, PartialEq)]
-struct IntIntMap(HashMap<i32, i32>);
-
-impl Wire for IntIntMap {
-    fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
-        let start = out.len();
-        out.resize(start + self.0.len() * 8, 0);
-        for (pair, (k, v)) in out[start..].chunks_exact_mut(8).zip(&self.0) {
-            pair[..4].copy_from_slice(&k.to_le_bytes());
-            pair[4..].copy_from_slice(&v.to_le_bytes());
-        }
-        Ok(())
-    }
-    fn decode(bytes: Bytes) -> Result<Self, CodecError> {
-        let pairs = volley::codec::pod::decode_vec::<[i32; 2]>(&bytes)?;
-        Ok(IntIntMap(pairs.into_iter().map(|[k, v]| (k, v)).collect()))
-    }
-}
-
-/// Values spread over 0..1,000,000: neither tiny (which flatters varint formats) nor
-/// full-width.
-fn value(i: usize) -> i32 {
-    (i as u64 * 2_654_435_761 % 1_000_000) as i32
 }
 
 pub fn run(args: CodecArgs) -> Result<(), String> {
@@ -446,16 +359,7 @@ impl Bench {
     }
 
     fn hash_case(&mut self) {
-        let n = self.args.count;
-        self.measure(vec![
-            hash_job::<StdSip>(n),
-            hash_job::<Stable>(n),
-            hash_job::<Seed37>(n),
-            hash_job::<ViaWire<BitcodeSerde<i32>>>(n),
-            hash_job::<ViaWire<Bitcode<i32>>>(n),
-            hash_job::<ViaWire<Json<i32>>>(n),
-            hash_job::<ViaWire<MsgPack<i32>>>(n),
-        ]);
+        self.measure(hash::jobs(self.args.count));
     }
 }
 
@@ -470,155 +374,8 @@ fn row(
     Row { case, tier, codec, bytes, ops, elements, encode_s: 0.0, decode_s: 0.0, runs: 0 }
 }
 
-/// Inserts `n` (int, string) items into a table hashed by `K` (timed as "encode"), then looks
-/// every key up (timed as "decode"). The table is sized up front, so no key is hashed twice
-/// by a resize; building the values and dropping the table are not timed.
-fn hash_job<K: KeyHash>(n: usize) -> Job {
-    let run = move || {
-        let values: Vec<String> = (0..n).map(|i| i.to_string()).collect();
-        let mut table: HashMap<Key<K>, String, BuildHasherDefault<PassThrough>> =
-            HashMap::with_capacity_and_hasher(n, Default::default());
-        let t = Instant::now();
-        for (i, v) in values.into_iter().enumerate() {
-            table.insert(Key(i as i32, PhantomData), v);
-        }
-        let insert = t.elapsed();
-        let t = Instant::now();
-        for i in 0..n {
-            black_box(table.get(&Key(black_box(i as i32), PhantomData)));
-        }
-        let lookup = t.elapsed();
-        assert_eq!(table.len(), n);
-        (insert, lookup)
-    };
-    Job { row: row("hash_insert", K::TIER, K::CODEC, K::len(123_456), n, 1), run: Box::new(run) }
-}
-
-/// How a hash table key is hashed: encode it with a tier, hash the bytes.
-trait KeyHash: 'static {
-    const TIER: &'static str;
-    const CODEC: &'static str;
-    fn hash(k: i32) -> u64;
-    fn len(k: i32) -> usize;
-}
-
-/// Baseline without serialization: std's SipHash of the integer.
-struct StdSip;
-impl KeyHash for StdSip {
-    const TIER: &'static str = "none";
-    const CODEC: &'static str = "std SipHash (no encode)";
-    fn hash(k: i32) -> u64 {
-        let mut h = std::hash::DefaultHasher::new();
-        k.hash(&mut h);
-        h.finish()
-    }
-    fn len(_: i32) -> usize {
-        4
-    }
-}
-
-/// Volley's stable hash: xxh3-64 of the pod encoding, hashed in place.
-struct Stable;
-impl KeyHash for Stable {
-    const TIER: &'static str = "pod";
-    const CODEC: &'static str = "StableHash (xxh3)";
-    fn hash(k: i32) -> u64 {
-        k.stable_hash()
-    }
-    fn len(_: i32) -> usize {
-        4
-    }
-}
-
-/// The seed's `sdb_hashing`: `h = 37·h + byte` over the encoded bytes, 32-bit.
-struct Seed37;
-impl KeyHash for Seed37 {
-    const TIER: &'static str = "pod";
-    const CODEC: &'static str = "seed 37·h+b";
-    fn hash(k: i32) -> u64 {
-        k.to_le_bytes().iter().fold(0u32, |h, &b| h.wrapping_mul(37).wrapping_add(b as u32)) as u64
-    }
-    fn len(_: i32) -> usize {
-        4
-    }
-}
-
-/// Encodes the key with `W` into a reused per-thread buffer, then xxh3-64 of the bytes.
-struct ViaWire<W>(PhantomData<W>);
-
-thread_local! {
-    static KEY_BUF: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::with_capacity(64));
-}
-
-impl<W: Wire + From<i32> + Label> KeyHash for ViaWire<W> {
-    const TIER: &'static str = W::TIER.name();
-    const CODEC: &'static str = W::LABEL;
-    fn hash(k: i32) -> u64 {
-        KEY_BUF.with_borrow_mut(|buf| {
-            buf.clear();
-            W::from(k).encode(buf).unwrap();
-            xxh3_64(buf)
-        })
-    }
-    fn len(k: i32) -> usize {
-        let mut b = BytesMut::new();
-        W::from(k).encode(&mut b).unwrap();
-        b.len()
-    }
-}
-
-/// Row labels of the key encodings.
-trait Label {
-    const LABEL: &'static str;
-}
-impl Label for BitcodeSerde<i32> {
-    const LABEL: &'static str = "bitcode serde + xxh3";
-}
-impl Label for Bitcode<i32> {
-    const LABEL: &'static str = "bitcode derive + xxh3";
-}
-impl Label for Json<i32> {
-    const LABEL: &'static str = "json + xxh3";
-}
-impl Label for MsgPack<i32> {
-    const LABEL: &'static str = "msgpack + xxh3";
-}
-
-/// The key of the hash-insert table: hashed by `K`, compared as an integer.
-struct Key<K>(i32, PhantomData<K>);
-
-impl<K> PartialEq for Key<K> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0 == other.0
-    }
-}
-
-impl<K> Eq for Key<K> {}
-
-impl<K: KeyHash> Hash for Key<K> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(K::hash(self.0));
-    }
-}
-
-/// A hasher that passes the one u64 it is given through: the table's hash function is the
-/// key's `KeyHash`, nothing added.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("Key hashes with write_u64 only")
-    }
-    fn write_u64(&mut self, h: u64) {
-        self.0 = h;
-    }
-}
-
-/// The ratios the codec issue sets goals for, under the table.
+/// Under the table, the ratios the codec tiers are judged by (docs/BENCHMARKS.md, "Codec
+/// tiers"): plain data against memcpy, the general tier against the fast one.
 fn print_summary(rows: &[Row]) {
     let find = |case: &str, codec: &str| rows.iter().find(|r| r.case == case && r.codec == codec);
     let mut lines = Vec::new();

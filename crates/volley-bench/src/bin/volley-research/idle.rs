@@ -1,6 +1,6 @@
-//! `volley bench idle`: the server's resident memory with N idle TCP connections.
+//! `volley-research idle`: the server's resident memory with N idle TCP connections.
 //!
-//! The server runs in this process (the echo server of `volley serve-echo`, one
+//! The server runs in this process (an echo server as `volley serve-echo` builds it, on one
 //! single-threaded runtime); the clients run in a child process (this binary again, hidden
 //! flag `--clients-for`), so the resident set measured is the server's alone and the file
 //! descriptors are split between two processes. Each client connection sends the preamble and
@@ -14,11 +14,14 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
-use volley::bytes::BufMut;
+use volley::bytes::{BufMut, Bytes};
 use volley::proto::{FrameBuilder, Limits, PREAMBLE};
+use volley::{Method, Server};
 
-use crate::echo::server_named;
 use crate::output::outln;
+
+/// `echo/echo`, served synchronously as `volley serve-echo` serves it.
+const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
 
 #[derive(Args, Debug, Clone)]
 pub struct IdleArgs {
@@ -62,7 +65,7 @@ pub fn run(args: IdleArgs) -> Result<(), String> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = std::thread::spawn(move || {
         rt.block_on(async move {
-            let server = server_named("echo");
+            let server = Server::builder().handle_fn(&ECHO, |b: Bytes| Ok(b)).build();
             let bound = server.listen("tcp://127.0.0.1:0").await.map_err(|e| e.to_string());
             let _ = addr_tx.send(bound.map(|b| b.to_string()));
             let _ = stop_rx.await;
@@ -78,7 +81,7 @@ pub fn run(args: IdleArgs) -> Result<(), String> {
 
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
-        .args(["bench", "idle", "--clients-for", &host, "--connections", &args.connections.to_string()])
+        .args(["idle", "--clients-for", &host, "--connections", &args.connections.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -140,7 +143,7 @@ fn connect_and_call(addr: &str, id: u64) -> std::io::Result<TcpStream> {
     let mut s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
     let mut fb = FrameBuilder::new(Limits::default());
-    fb.request(id, 0, &volley::proto::Extensions::NONE, ("echo", "echo"), |b| {
+    fb.request(id, 0, &volley::proto::Extensions::NONE, (ECHO.service(), ECHO.name()), |b| {
         b.put_slice(&[id as u8; 64]);
         Ok::<(), std::convert::Infallible>(())
     })

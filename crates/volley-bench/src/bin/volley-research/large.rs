@@ -1,4 +1,4 @@
-//! `volley bench large`: large-payload echo over TCP with the server's (de)serialization on the
+//! `volley-research large`: large-payload echo over TCP with the server's (de)serialization on the
 //! connection's task ("inline") against on the codec pool ("offload"), side by side in one run.
 //!
 //! Two servers run in this process on one multi-thread runtime (two workers, as
@@ -99,19 +99,9 @@ pub fn run(args: LargeArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let servers = server_rt.block_on(async {
-        let mut addrs = Vec::new();
-        for min in [usize::MAX, args.offload_min_bytes] {
-            let server =
-                Server::builder().offload_min_bytes(min).handle_fn(&FAST, Ok).handle_fn(&GENERAL, Ok).build();
-            let addr = server.listen("tcp://127.0.0.1:0").await.map_err(|e| e.to_string())?;
-            addrs.push((server, addr.to_string()));
-        }
-        Ok::<_, String>(addrs)
-    })?;
+    let servers = server_rt.block_on(start_servers(args.offload_min_bytes))?;
     let client_rt =
         tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-
     let codecs: &[&'static str] = match args.codec {
         CodecChoice::Fast => &["fast"],
         CodecChoice::General => &["general"],
@@ -127,49 +117,70 @@ pub fn run(args: LargeArgs) -> Result<(), String> {
         );
         outln!("{:<8} {:<8} {:>12} {:>10} {:>8}", "codec", "mode", "calls/s", "MiB/s", "ratio");
     }
-    for &codec in codecs {
-        let payload = match codec {
-            "fast" => encode_sized(args.payload_bytes, |rows| Rows { rows }),
-            _ => encode_sized(args.payload_bytes, |rows| Json(Rows { rows })),
-        };
-        let method = if codec == "fast" { FAST.name() } else { GENERAL.name() };
-        let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-        for round in 0..args.rounds {
-            // Alternate which mode goes first so drift on a shared machine favours neither.
-            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-            for mode in order {
-                let addr = servers[mode].1.clone();
-                let rate = client_rt.block_on(measure(&addr, method, payload.clone(), &args))?;
-                rates[mode].push(rate);
-            }
-        }
-        let inline = median(&mut rates[0]);
-        let offload = median(&mut rates[1]);
-        let mib = |rate: f64| rate * payload.len() as f64 / (1 << 20) as f64;
-        for (mode, rate, ratio) in [("inline", inline, None), ("offload", offload, Some(offload / inline))] {
-            let line = Line {
-                codec,
-                mode,
-                payload_bytes: payload.len(),
-                concurrency: args.concurrency,
-                rounds: args.rounds,
-                calls_per_s: rate,
-                mib_per_s: mib(rate),
-                ratio,
-            };
-            if args.json {
-                outln!("{}", serde_json::to_string(&line).map_err(|e| e.to_string())?);
-            } else {
-                let ratio = ratio.map(|r| format!("{r:.2}×")).unwrap_or_default();
-                outln!("{codec:<8} {mode:<8} {rate:>12.1} {:>10.1} {ratio:>8}", mib(rate));
-            }
-        }
-    }
+    let addrs = [servers[0].1.as_str(), servers[1].1.as_str()];
+    let result = codecs.iter().try_for_each(|&codec| compare(&client_rt, addrs, codec, &args));
     server_rt.block_on(async {
         for (server, _) in servers {
             server.shutdown().await;
         }
     });
+    result
+}
+
+/// The inline server (offloading turned off), then the offloading one, with their addresses.
+async fn start_servers(offload_min_bytes: usize) -> Result<Vec<(Server, String)>, String> {
+    let mut servers = Vec::new();
+    for min in [usize::MAX, offload_min_bytes] {
+        let server =
+            Server::builder().offload_min_bytes(min).handle_fn(&FAST, Ok).handle_fn(&GENERAL, Ok).build();
+        let addr = server.listen("tcp://127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        servers.push((server, addr.to_string()));
+    }
+    Ok(servers)
+}
+
+/// One codec through both servers (`[inline, offload]`), rounds alternating; prints the
+/// medians and their ratio.
+fn compare(
+    rt: &tokio::runtime::Runtime,
+    addrs: [&str; 2],
+    codec: &'static str,
+    args: &LargeArgs,
+) -> Result<(), String> {
+    let payload = match codec {
+        "fast" => encode_sized(args.payload_bytes, |rows| Rows { rows }),
+        _ => encode_sized(args.payload_bytes, |rows| Json(Rows { rows })),
+    };
+    let method = if codec == "fast" { FAST.name() } else { GENERAL.name() };
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..args.rounds {
+        // Alternate which mode goes first so drift on a shared machine favours neither.
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for mode in order {
+            rates[mode].push(rt.block_on(measure(addrs[mode], method, payload.clone(), args))?);
+        }
+    }
+    let inline = median(&mut rates[0]);
+    let offload = median(&mut rates[1]);
+    let mib = |rate: f64| rate * payload.len() as f64 / (1 << 20) as f64;
+    for (mode, rate, ratio) in [("inline", inline, None), ("offload", offload, Some(offload / inline))] {
+        let line = Line {
+            codec,
+            mode,
+            payload_bytes: payload.len(),
+            concurrency: args.concurrency,
+            rounds: args.rounds,
+            calls_per_s: rate,
+            mib_per_s: mib(rate),
+            ratio,
+        };
+        if args.json {
+            outln!("{}", serde_json::to_string(&line).map_err(|e| e.to_string())?);
+        } else {
+            let ratio = ratio.map(|r| format!("{r:.2}×")).unwrap_or_default();
+            outln!("{codec:<8} {mode:<8} {rate:>12.1} {:>10.1} {ratio:>8}", mib(rate));
+        }
+    }
     Ok(())
 }
 

@@ -18,7 +18,11 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use serde::Serialize;
-use volley::proto::PREAMBLE;
+
+/// A client's preamble (docs/PROTOCOL.md §4.1): the magic `VLLY`, version 1, no optional
+/// features, two reserved bytes. Written out like the frames below, so the product's benchmark
+/// needs none of the library's internals.
+const PREAMBLE: [u8; 8] = *b"VLLY\x01\0\0\0";
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -157,4 +161,32 @@ fn write_until_stopped(mut socket: Box<dyn Socket>, frame: &[u8], stop: &AtomicB
     // reading thread (a frame cut short is its last); a parked one gets a reset when the socket
     // is dropped with its replies unread.
     let _ = socket.shutdown_write();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-written preamble and frames are what a Volley server expects: it answers every
+    /// request (a wrong byte anywhere would get the connection closed without a reply).
+    #[test]
+    fn pipeline_requests_are_answered_by_a_volley_server() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let server = crate::echo::server_named("echo");
+        let addr = rt.block_on(server.listen("tcp://127.0.0.1:0")).unwrap().to_string();
+        let client = Running::start(Hostile::Pipeline, &addr, "echo", crate::echo::ECHO.name()).unwrap();
+        // One frame's replies: 1,000 replies, each larger than its 16-byte payload.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while client.received.load(Ordering::Relaxed) < 16_000 {
+            assert!(std::time::Instant::now() < deadline, "no replies from the server");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (sent, received) = client.stop();
+        assert!(
+            sent >= request_frame("echo", crate::echo::ECHO.name(), 1000, 16).len() as u64,
+            "sent {sent}"
+        );
+        assert!(received >= 16_000, "received {received}");
+        rt.block_on(server.shutdown());
+    }
 }

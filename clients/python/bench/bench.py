@@ -1,0 +1,127 @@
+"""Throughput of the Python client against the Rust echo server, next to a bare-socket baseline.
+
+    python clients/python/bench/bench.py [--volley target/release/volley] [--rounds 5]
+
+Three measurements, interleaved round by round, medians reported:
+
+- ``pipelined``: calls of 64-byte payloads, 1,000 outstanding at a time (``Client.call``);
+- ``batch``: ``Client.call_batch`` of 100,000 64-byte items (chunks of 128);
+- ``socket``: the floor — the same bytes as the batch's frames written to a plain asyncio TCP
+  echo server (in this process's event loop's peer thread) and read back, with no protocol
+  work at all: what a bare Python socket loop moves.
+
+The figures are items per second; ``batch / socket`` is the cost of the protocol on the batch
+path (the issue's goal: within 2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import volley
+from volley import proto
+
+ECHO = volley.Method("echo", "echo")
+ITEM = b"x" * 64
+BATCH = 100_000
+CALLS = 20_000
+WINDOW = 1_000
+
+
+def start_echo(binary: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([binary, "serve-echo", "--listen", "tcp://127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    m = re.search(r"serving \S+ on (\S+)", line)
+    if not m:
+        proc.kill()
+        raise SystemExit(f"volley serve-echo printed {line!r}")
+    return proc, m.group(1)
+
+
+async def pipelined(client: volley.Client) -> float:
+    start = time.perf_counter()
+    for _ in range(CALLS // WINDOW):
+        await asyncio.gather(*(client.call(ECHO, ITEM) for _ in range(WINDOW)))
+    return CALLS / (time.perf_counter() - start)
+
+
+async def batch(client: volley.Client) -> float:
+    start = time.perf_counter()
+    results = await client.call_batch(ECHO, [ITEM] * BATCH)
+    elapsed = time.perf_counter() - start
+    assert len(results) == BATCH and results[-1] == ITEM
+    return BATCH / elapsed
+
+
+def plain_echo_server() -> int:
+    """A bare TCP echo server on a thread of its own (as the Rust server runs apart)."""
+    ready = threading.Event()
+    port = []
+
+    async def serve():
+        async def handle(reader, writer):
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port.append(server.sockets[0].getsockname()[1])
+        ready.set()
+        await server.serve_forever()
+
+    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
+    ready.wait()
+    return port[0]
+
+
+async def socket_floor(port: int) -> float:
+    """The batch's bytes (its BatchRequest frames) through a plain socket and back."""
+    names = ECHO.names
+    chunks = [proto.batch_request_message(i, 0, names, [ITEM] * 128) for i in range(BATCH // 128)]
+    data = b"".join(proto.frames(chunks))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = time.perf_counter()
+    writer.write(data)
+    await reader.readexactly(len(data))
+    elapsed = time.perf_counter() - start
+    writer.close()
+    return (BATCH // 128 * 128) / elapsed
+
+
+async def main(binary: str, rounds: int) -> None:
+    proc, address = start_echo(binary)
+    port = plain_echo_server()
+    figures: dict[str, list[float]] = {"pipelined": [], "batch": [], "socket": []}
+    try:
+        async with await volley.Client.connect(address) as client:
+            await batch(client)  # warm-up
+            for _ in range(rounds):
+                figures["pipelined"].append(await pipelined(client))
+                figures["batch"].append(await batch(client))
+                figures["socket"].append(await socket_floor(port))
+    finally:
+        proc.terminate()
+        proc.wait()
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    for k, v in med.items():
+        print(f"{k:10} {v:12,.0f} items/s   (rounds: {', '.join(f'{x:,.0f}' for x in figures[k])})")
+    print(
+        f"batch / socket = {med['batch'] / med['socket']:.2f}; pipelined / socket = {med['pipelined'] / med['socket']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    repo = Path(__file__).resolve().parents[3]
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--volley", default=str(repo / "target" / "debug" / "volley"))
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    asyncio.run(main(args.volley, args.rounds))

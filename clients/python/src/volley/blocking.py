@@ -1,0 +1,59 @@
+"""A blocking wrapper for scripts and code without asyncio: the asyncio ``Client`` runs on an
+event loop in a thread of its own, and each method waits for its result.
+
+    with volley.blocking.Client("tcp://127.0.0.1:7411") as client:
+        print(client.call(volley.Method("echo", "echo"), b"hi"))
+
+Calls from several threads share the connection (and are pipelined on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from . import client as aio
+
+
+class Client:
+    """``volley.Client``'s ``call``, ``call_batch`` and ``ping``, blocking."""
+
+    def __init__(self, address: str, **options: Any):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="volley-client", daemon=True)
+        self._thread.start()
+        try:
+            self._client: aio.Client = self._run(aio.Client.connect(address, **options))
+        except BaseException:
+            self._stop()
+            raise
+
+    def _run(self, coro) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def call(self, method, request: Any, **options: Any) -> Any:
+        return self._run(self._client.call(method, request, **options))
+
+    def call_batch(self, method, requests, **options: Any) -> list[Any]:
+        return self._run(self._client.call_batch(method, requests, **options))
+
+    def ping(self, **options: Any) -> float:
+        return self._run(self._client.ping(**options))
+
+    def close(self) -> None:
+        """Closes the connection (answers to calls already sent still arrive), then the loop."""
+        if self._loop.is_running():
+            self._run(self._client.close())
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

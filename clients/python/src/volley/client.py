@@ -1,0 +1,372 @@
+"""``Client``: calls a Volley server over tcp, tls or unix (asyncio).
+
+    client = await Client.connect("tcp://127.0.0.1:7411")
+    reply = await client.call(ECHO, b"hi")                  # one call
+    replies = await client.call_batch(ECHO, [b"a", b"b"])   # one BatchRequest, one wait
+    await client.close()
+
+Calls made concurrently share the connection (pipelining) and leave in one write. Every call
+has a deadline (``timeout``, default 30 s): enforced here, and sent to servers that accept
+request extensions (PROTOCOL.md §6.2.2) so they can drop work nobody waits for. Request ids are
+``client_id << 32 | sequence`` (§7). A connection that the server closed or sent GoAway on is
+replaced by a new one for the next call; calls waiting on it fail with ``ConnectionLostError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import ssl as ssl_module
+from typing import Any, Iterable
+
+from . import proto
+from .address import open_connection, parse
+from .codec import Method
+from .connection import Connection
+from .errors import (
+    CallTimeoutError,
+    ClosedError,
+    CodecError,
+    ConnectionLostError,
+    ProtocolError,
+    TooLargeError,
+    error_for,
+)
+from .proto import MAX_BATCH_ITEMS, MAX_FRAME_LEN
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_CONNECT_TIMEOUT = 5.0
+# Requests per BatchRequest, as the Rust client's default: a server admits a chunk whole or
+# refuses it whole (Overloaded) against its bound of queued work, so small chunks let a big
+# call through where one huge chunk would wait for an idle server (PROTOCOL.md §9.2).
+DEFAULT_CHUNK = 128
+
+_local_client_ids = itertools.count(1)
+
+
+class Sequence:
+    """The request ids of one client (§7.1): its client id above a wrapping 32-bit counter.
+    Shared by every connection of the client, so its ids stay unique across them."""
+
+    def __init__(self, client_id: int | None = None):
+        self.client_id = client_id if client_id is not None else next(_local_client_ids)
+        if not 0 <= self.client_id <= 0xFFFFFFFF:
+            raise ValueError("a client id is a u32")
+        self._high = self.client_id << 32
+        self._seq = 0
+
+    def reset(self, client_id: int) -> None:
+        """Takes another client id (one a registry handed out, §16.5); the sequence goes on."""
+        if not 0 < client_id <= 0xFFFFFFFF:
+            raise ValueError(f"a client id is a non-zero u32, not {client_id}")
+        self.client_id = client_id
+        self._high = client_id << 32
+
+    def next(self, pending: dict) -> int:
+        """The next id not outstanding on the connection whose table is ``pending`` (§7.2)."""
+        while True:
+            rid = self._high | self._seq
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            if rid not in pending:
+                return rid
+
+
+class Client:
+    """A connection to one server (reconnected on demand). Create with ``Client.connect``."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: bytes | str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        client_id: int | None = None,
+        sequence: Sequence | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ):
+        self.address = parse(address)
+        self.token = token.encode() if isinstance(token, str) else token
+        self.ssl = ssl
+        self.sequence = sequence or Sequence(client_id)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._conn: Connection | None = None
+        self._connecting = asyncio.Lock()
+        self._closed = False
+        self._ping_tokens = itertools.count(1)
+        # How many connections this client has opened (a registry claims its id on each).
+        self.connections = 0
+
+    @classmethod
+    async def connect(cls, address: str, **options: Any) -> "Client":
+        """Connects now (so a wrong address or a refused connection fails here)."""
+        client = cls(address, **options)
+        await client._connection()
+        return client
+
+    async def ensure_connected(self) -> None:
+        """Connects now if there is no usable connection (the next call would)."""
+        await self._connection()
+
+    @property
+    def client_id(self) -> int:
+        return self.sequence.client_id
+
+    async def _connection(self) -> Connection:
+        conn = self._conn
+        if conn is not None and conn.dead is None:
+            return conn
+        if self._closed:
+            raise ClosedError("the client is closed")
+        async with self._connecting:
+            if self._conn is not None and self._conn.dead is None:
+                return self._conn
+            self._conn = await self._open()
+            self.connections += 1
+            return self._conn
+
+    async def _open(self) -> Connection:
+        """A new connection, once the server's preamble has arrived (so every request knows
+        whether it may carry extensions, §4.4)."""
+
+        async def opened() -> Connection:
+            _, conn = await open_connection(self.address, lambda: Connection(self.token), self.ssl)
+            await conn.ready
+            return conn
+
+        try:
+            conn = await asyncio.wait_for(opened(), self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise ConnectionLostError(
+                f"connecting to {self.address} timed out after {self.connect_timeout} s"
+            ) from None
+        except (OSError, ssl_module.SSLError) as e:
+            raise ConnectionLostError(f"cannot connect to {self.address}: {e}") from None
+        return conn
+
+    def _budget(self, timeout: float | None) -> float:
+        t = self.timeout if timeout is None else timeout
+        if t <= 0:
+            raise ValueError("a timeout is positive")
+        return t
+
+    @staticmethod
+    def _extensions(conn: Connection, budget: float) -> proto.Extensions | None:
+        if not conn.extensions:
+            return None
+        return proto.Extensions(deadline_micros=min(int(budget * 1e6), proto.MAX_DEADLINE_MICROS))
+
+    async def call(
+        self, method: Method, request: Any, *, timeout: float | None = None, idempotent: bool = False
+    ) -> Any:
+        """Sends one request and returns the decoded reply, or raises (``RemoteError`` for an
+        error reply, ``CallTimeoutError``, ``ConnectionLostError`` ...)."""
+        payload = method.request.encode(request)
+        reply = await self.call_raw(method, payload, timeout=timeout, idempotent=idempotent)
+        return method.reply.decode(reply)
+
+    async def call_raw(
+        self, method: Method, payload: bytes, *, timeout: float | None = None, idempotent: bool = False
+    ) -> bytes:
+        """``call`` with the payloads as bytes, not encoded or decoded here."""
+        budget = self._budget(timeout)
+        deadline = asyncio.get_running_loop().time() + budget
+        conn = await self._connection()
+        await conn.writable()
+        rid = self.sequence.next(conn.pending)
+        flags = proto.FLAG_IDEMPOTENT if idempotent else 0
+        ext = self._extensions(conn, deadline - conn.loop.time())
+        message = proto.request_message(rid, flags, method.names, payload, ext)
+        if len(message) > MAX_FRAME_LEN:
+            raise TooLargeError(f"a request of {len(message)} bytes exceeds the frame limit of {MAX_FRAME_LEN} bytes")
+        fut = conn.expect(rid)
+        conn.send(message)
+        return await _wait(conn, rid, fut, deadline)
+
+    async def call_batch(
+        self,
+        method: Method,
+        requests: Iterable[Any],
+        *,
+        timeout: float | None = None,
+        idempotent: bool = False,
+        chunk: int = DEFAULT_CHUNK,
+    ) -> list[Any]:
+        """Calls ``method`` once per request, in BatchRequest chunks of ``chunk`` items (at
+        most 65,536) sent together, and waits once. Returns one result per request, in order: the decoded reply, or the exception
+        instance that item ended with (an error reply, a decode error, a timeout ...). A failure
+        of a whole chunk (an unknown method, a lost connection) is every one of its items'."""
+        budget = self._budget(timeout)
+        deadline = asyncio.get_running_loop().time() + budget
+        room = _chunk_room(method)
+        results, payloads = _encoded(method, list(requests), room)
+        positions = [i for i, r in enumerate(results) if r is None]
+        conn = await self._connection()
+        await conn.writable()
+        flags = proto.FLAG_IDEMPOTENT if idempotent else 0
+        ext = self._extensions(conn, budget)
+        chunks, messages = [], []
+        for start, end in _chunks(payloads, min(max(chunk, 1), MAX_BATCH_ITEMS), room):
+            rid = self.sequence.next(conn.pending)
+            messages.append(proto.batch_request_message(rid, flags, method.names, payloads[start:end], ext))
+            chunks.append((rid, conn.expect(rid), start, end))
+        conn.send_many(messages)
+        outcomes = await asyncio.gather(
+            *(_wait(conn, rid, fut, deadline) for rid, fut, _, _ in chunks), return_exceptions=True
+        )
+        decoded = []
+        for (_, _, start, end), outcome in zip(chunks, outcomes):
+            decoded += _decoded(method, _items(outcome, end - start))
+        if len(positions) == len(results):
+            return decoded
+        for k, value in zip(positions, decoded):
+            results[k] = value
+        return results
+
+    async def ping(self, timeout: float | None = None) -> float:
+        """Sends a Ping and waits for its Pong (§9.5); returns the round trip in seconds."""
+        budget = self._budget(timeout)
+        conn = await self._connection()
+        token = next(self._ping_tokens)
+        fut = conn.loop.create_future()
+        conn.pings[token] = fut
+        start = conn.loop.time()
+        conn.send(proto.ping_message(token))
+        try:
+            await asyncio.wait_for(fut, budget)
+        except asyncio.TimeoutError:
+            conn.pings.pop(token, None)
+            raise CallTimeoutError(f"no pong within {budget} s") from None
+        return conn.loop.time() - start
+
+    @property
+    def server_accepts_extensions(self) -> bool | None:
+        """Whether the current connection's server announced EXTENSIONS (None: no connection)."""
+        return self._conn.extensions if self._conn is not None else None
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Half-closes (§9.6.1): the calls already sent get their answers (waited for up to
+        ``timeout``), then the connection closes. Calls after this raise ``ClosedError``."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn.half_close()
+        waiting = [f for f in conn.pending.values() if not f.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self._budget(timeout))
+        conn.close()
+
+    async def __aenter__(self) -> "Client":
+        await self._connection()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+async def _wait(conn: Connection, rid: int, fut: asyncio.Future, deadline: float) -> Any:
+    """The answer to ``rid``, or ``CallTimeoutError`` at the deadline (then the id is dropped,
+    and a late answer is ignored, §7.3). A caller that is cancelled forgets the call too."""
+    timer = conn.loop.call_at(deadline, _expire, fut)
+    try:
+        return await fut
+    except CallTimeoutError:
+        conn.forget(rid, cancel=True)
+        raise
+    except asyncio.CancelledError:
+        conn.forget(rid, cancel=True)
+        raise
+    finally:
+        timer.cancel()
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(CallTimeoutError("the call's deadline passed before an answer"))
+
+
+def _chunk_room(method: Method) -> int:
+    """Bytes of items one BatchRequest of ``method`` can carry in a frame (§5.2)."""
+    return MAX_FRAME_LEN - (16 + len(method.names) + 2 + 255)
+
+
+def _encoded(method: Method, requests: list[Any], room: int) -> tuple[list[Any], list[bytes]]:
+    """The payloads that can be sent, and one slot per request: ``None`` where its payload
+    is among them, the exception it failed with otherwise (a value that does not encode, an
+    item too large for a frame)."""
+    encode = method.request.encode
+    try:
+        payloads = [encode(r) for r in requests]
+        if not payloads or 4 + max(map(len, payloads)) <= room:
+            return [None] * len(payloads), payloads
+    except CodecError:
+        pass
+    results: list[Any] = []
+    payloads = []
+    for r in requests:
+        try:
+            p = encode(r)
+        except CodecError as e:
+            results.append(e)
+            continue
+        if 4 + len(p) > room:
+            results.append(TooLargeError(f"a batch item of {len(p)} bytes does not fit in a frame"))
+            continue
+        payloads.append(p)
+        results.append(None)
+    return results, payloads
+
+
+def _chunks(payloads: list[bytes], per_chunk: int, room: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each BatchRequest: at most ``per_chunk`` items and ``room`` bytes."""
+    n = len(payloads)
+    if n and per_chunk * (4 + max(map(len, payloads))) <= room:  # no chunk can be too large
+        return [(i, min(i + per_chunk, n)) for i in range(0, n, per_chunk)]
+    out = []
+    start, size = 0, 0
+    for i, p in enumerate(payloads):
+        need = 4 + len(p)
+        if i > start and (i - start == per_chunk or size + need > room):
+            out.append((start, i))
+            start, size = i, 0
+        size += need
+    if start < len(payloads):
+        out.append((start, len(payloads)))
+    return out
+
+
+def _items(outcome: Any, n: int) -> list[Any]:
+    """One chunk's outcome as ``n`` item results: the BatchReply's items, or the chunk's
+    exception for each (missing items of a short reply fail, §6.10)."""
+    if isinstance(outcome, BaseException):
+        return [outcome] * n
+    items = list(outcome[:n])
+    if len(items) < n:
+        missing = ProtocolError(f"the batch reply has {len(outcome)} items for {n} requests")
+        items.extend([missing] * (n - len(items)))
+    return items
+
+
+def _decoded(method: Method, items: list[Any]) -> list[Any]:
+    """Each item's result: the decoded reply, or the exception it ended with."""
+    decode = method.reply.decode
+    try:
+        return [decode(i) if type(i) is bytes else _failed(i) for i in items]
+    except CodecError:
+        return [_decoded_one(decode, i) for i in items]
+
+
+def _failed(item: Any) -> BaseException:
+    """An item's exception: the chunk's, or the item's own error ``(code, message)``."""
+    return item if isinstance(item, BaseException) else error_for(*item)
+
+
+def _decoded_one(decode, item: Any) -> Any:
+    if type(item) is not bytes:
+        return _failed(item)
+    try:
+        return decode(item)
+    except CodecError as e:
+        return e

@@ -1,0 +1,205 @@
+"""One client connection: preamble, writer, reader, the table of calls waiting for answers.
+
+The connection is an asyncio ``Protocol``: bytes arrive in ``data_received``, are decoded whole
+frames at a time, and each answer completes the future of the call with its id (PROTOCOL.md
+§7.3). Messages to send are queued and written together once per turn of the event loop, so
+calls made together leave in one write without any timer (§9.3). When the connection ends,
+every call still waiting fails at once, exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from . import proto
+from .decoder import Decoder
+from .outbox import Outbox
+from .errors import (
+    Code,
+    ConnectionLostError,
+    ProtocolError,
+    UnauthenticatedError,
+    code_name,
+    error_for,
+)
+from .proto import BATCH_REPLY, ERROR, GOAWAY, PING, PONG, REPLY, WireError
+
+
+class Connection(asyncio.Protocol):
+    """The client side of one connection (§3). Created by ``Client``."""
+
+    def __init__(self, token: bytes | None = None):
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.token = token
+        self.decoder = Decoder()
+        # id -> the future of the call (or of one chunk of a batch) waiting for it.
+        self.pending: dict[int, asyncio.Future] = {}
+        self.pings: dict[int, asyncio.Future] = {}
+        self.ready: asyncio.Future = self.loop.create_future()  # the server's features byte
+        self.closed: asyncio.Future = self.loop.create_future()
+        self._head = b""
+        self.outbox = Outbox(self.loop)
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self.extensions = False
+        # Why no new call may use this connection (a GoAway, a failure, a close), or None.
+        self.dead: str | None = None
+        self.goaway: tuple[int, str] | None = None
+        self.failure: Exception | None = None
+        # What calls fail with once the connection has ended (None while it is up).
+        self.lost: Exception | None = None
+        self.on_message: Callable[[int], None] | None = None
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.outbox.transport = transport
+        first = proto.preamble(0)
+        if self.token is not None:
+            first += proto.frames([proto.auth_message(self.token)])[0]
+        transport.write(first)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            if not self.ready.done():
+                data = self._preamble(data)
+                if not data:
+                    return
+            self.decoder.feed(data)
+            messages = self.decoder.messages()
+        except WireError as e:
+            self._protocol_failure(str(e))
+            return
+        for m in messages:
+            self._dispatch(m)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.dead = self.dead or "connection closed"
+        err = self.lost = self._ending_error(exc)
+        if not self.ready.done():
+            self.ready.set_exception(err)
+            self.ready.exception()  # marks it retrieved: the connect that awaited it may be gone
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        for fut in self.pings.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self.pings.clear()
+        self._can_write.set()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _preamble(self, data: bytes) -> bytes:
+        """Collects the server's 8-byte preamble (§4.3); returns the bytes after it."""
+        self._head += data
+        if len(self._head) < proto.PREAMBLE_LEN:
+            return b""
+        features = proto.check_preamble(self._head)
+        self.extensions = bool(features & proto.FEATURE_EXTENSIONS)
+        rest = self._head[proto.PREAMBLE_LEN :]
+        self._head = b""
+        self.ready.set_result(features)
+        return rest
+
+    def _dispatch(self, m: tuple) -> None:
+        kind = m[0]
+        if kind == REPLY or kind == BATCH_REPLY:
+            fut = self.pending.pop(m[1], None)
+            if fut is not None and not fut.done():
+                fut.set_result(m[2])
+        elif kind == ERROR:
+            fut = self.pending.pop(m[1], None)
+            if fut is not None and not fut.done():
+                fut.set_exception(error_for(m[2], m[3]))
+        elif kind == PING:
+            self.send(proto.pong_message(m[1]))
+        elif kind == PONG:
+            fut = self.pings.pop(m[1], None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        elif kind == GOAWAY:
+            # No new calls here; keep reading until the server closes (§9.6).
+            self.goaway = (m[1], m[2])
+            self.dead = f"the server sent GoAway({code_name(m[1])}): {m[2]}"
+        # Request, Cancel and Auth from a server are ignored (§9.1).
+
+    def _ending_error(self, exc: Exception | None) -> Exception:
+        """What the calls still waiting fail with when the connection ends."""
+        if self.failure is not None:
+            return self.failure
+        if self.goaway is not None:
+            code, message = self.goaway
+            if code == Code.UNAUTHENTICATED:
+                return UnauthenticatedError(message)
+            if code == Code.PROTOCOL:
+                return ProtocolError(f"the server closed the connection: {message}")
+            return ConnectionLostError(f"{self.dead}; the connection closed", goaway_code=code)
+        why = f": {exc}" if exc else ""
+        return ConnectionLostError(f"the connection closed before an answer{why}")
+
+    def _protocol_failure(self, reason: str) -> None:
+        """The server sent bytes that break the protocol (§10): fail everything, say why, close."""
+        self.failure = ProtocolError(f"the server broke the protocol: {reason}")
+        self.dead = str(self.failure)
+        if self.transport is not None and not self.transport.is_closing():
+            frame = proto.frames([proto.goaway_message(Code.PROTOCOL, reason)])[0]
+            self.transport.write(frame)
+            self.transport.close()
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def send(self, message: bytes) -> None:
+        self.outbox.send(message)
+
+    def send_many(self, messages: list[bytes]) -> None:
+        self.outbox.send_many(messages)
+
+    async def writable(self) -> None:
+        """Waits while the socket's send buffer is full (the server is not reading)."""
+        if not self._can_write.is_set():
+            await self._can_write.wait()
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def expect(self, rid: int) -> asyncio.Future:
+        """The future of call ``rid``: its answer, or the error the connection ended with
+        (at once if it already has: a call never waits on a closed connection)."""
+        fut = self.loop.create_future()
+        if self.lost is not None:
+            fut.set_exception(self.lost)
+        else:
+            self.pending[rid] = fut
+        return fut
+
+    def forget(self, rid: int, cancel: bool) -> None:
+        """The caller stopped waiting for ``rid`` (timeout or cancellation): drop its entry and,
+        if the connection is still up, tell the server (advisory, §9.4)."""
+        if self.pending.pop(rid, None) is not None and cancel and self.dead is None:
+            self.send(proto.cancel_message(rid))
+
+    def close(self) -> None:
+        self.dead = self.dead or "closed by the client"
+        if self.transport is not None:
+            self.transport.close()
+
+    def half_close(self) -> None:
+        """Flushes and shuts the write side (§9.6.1): the server answers what it read, then
+        closes. TLS has no half-close; there the caller waits for the answers, then closes."""
+        self.dead = self.dead or "closed by the client"
+        self.outbox.flush()
+        t = self.transport
+        if t is not None and not t.is_closing() and t.can_write_eof():
+            t.write_eof()

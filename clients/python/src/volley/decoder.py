@@ -1,0 +1,212 @@
+"""The incremental decoder: stream bytes in, whole frames' messages out (PROTOCOL.md §5, §6).
+
+``feed`` takes bytes as they arrive, split anywhere; ``messages`` returns the messages of every
+complete frame in the buffer (a frame is decoded and checked whole before any of its messages
+is returned) and keeps the rest. A length prefix over the limit fails as soon as its 4 bytes are
+in, without waiting for the body. Every violation raises ``WireError``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .proto import (
+    AUTH,
+    BATCH_REPLY,
+    BATCH_REQUEST,
+    CANCEL,
+    ERROR,
+    FLAG_EXTENSIONS,
+    GOAWAY,
+    MAX_BATCH_ITEMS,
+    MAX_FRAME_LEN,
+    MAX_MESSAGES_PER_FRAME,
+    MAX_TOKEN_LEN,
+    NO_EXTENSIONS,
+    PING,
+    PONG,
+    REPLY,
+    REQUEST,
+    WireError,
+    parse_extensions,
+)
+
+_U16 = struct.Struct("<H").unpack_from
+_U32 = struct.Struct("<I").unpack_from
+_U64 = struct.Struct("<Q").unpack_from
+_ID_LEN = struct.Struct("<QI").unpack_from
+_CODE_LEN = struct.Struct("<HI").unpack_from
+
+TRUNCATED = "malformed message: message runs past the end of its frame"
+BATCH_ITEM_PAST_END = "malformed message: batch item runs past the end of its message"
+
+
+def _utf8(b: bytes, what: str) -> str:
+    try:
+        return b.decode()
+    except UnicodeDecodeError:
+        raise WireError(f"malformed message: {what} is not UTF-8") from None
+
+
+class Decoder:
+    """Frames and messages from a byte stream; limits as in §5.2 unless given."""
+
+    def __init__(
+        self,
+        max_frame_len: int = MAX_FRAME_LEN,
+        max_messages: int = MAX_MESSAGES_PER_FRAME,
+        max_batch_items: int = MAX_BATCH_ITEMS,
+    ):
+        self.buf = bytearray()
+        self.max_frame_len = max_frame_len
+        self.max_messages = max_messages
+        self.max_batch_items = max_batch_items
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+
+    def in_frame(self) -> bool:
+        """Whether part of a frame is buffered (the stream may not end here)."""
+        return bool(self.buf)
+
+    def messages(self) -> list[tuple]:
+        """The messages of every complete frame buffered, in order. A ``WireError`` carries
+        the messages of the whole frames before the bad one in ``before`` (a server still
+        answers those, §10)."""
+        out: list[tuple] = []
+        buf = self.buf
+        while len(buf) >= 4:
+            n = _U32(buf, 0)[0]
+            if n == 0:
+                raise WireError("empty frame (a frame carries at least one message)", out)
+            if n > self.max_frame_len:
+                raise WireError(f"frame of {n} bytes exceeds the limit of {self.max_frame_len} bytes", out)
+            if len(buf) < 4 + n:
+                break
+            body = bytes(buf[4 : 4 + n])
+            del buf[: 4 + n]
+            try:
+                out.extend(self.frame(body))
+            except WireError as e:
+                raise WireError(str(e), out) from None
+        return out
+
+    def frame(self, body: bytes) -> list[tuple]:
+        """The messages of one frame body."""
+        out = []
+        pos, end = 0, len(body)
+        while pos < end:
+            if len(out) == self.max_messages:
+                raise WireError(f"frame carries more than {self.max_messages} messages")
+            try:
+                msg, pos = self.message(body, pos)
+            except (struct.error, IndexError):
+                raise WireError(TRUNCATED) from None
+            if pos > end:
+                raise WireError(TRUNCATED)
+            out.append(msg)
+        return out
+
+    def message(self, b: bytes, pos: int) -> tuple[tuple, int]:
+        kind = b[pos]
+        pos += 1
+        if kind == REPLY:
+            rid, n = _ID_LEN(b, pos)
+            pos += 12
+            return (REPLY, rid, b[pos : pos + n]), _past(b, pos + n)
+        if kind == REQUEST or kind == BATCH_REQUEST:
+            return self.addressed(kind, b, pos)
+        if kind == ERROR:
+            rid = _U64(b, pos)[0]
+            code, n = _CODE_LEN(b, pos + 8)
+            pos += 14
+            return (ERROR, rid, code, _utf8(b[pos : _past(b, pos + n)], "error message")), pos + n
+        if kind == BATCH_REPLY:
+            return self.batch_reply(b, pos)
+        if kind in (CANCEL, PING, PONG):
+            return (kind, _U64(b, pos)[0]), pos + 8
+        if kind == GOAWAY:
+            code, n = _CODE_LEN(b, pos)
+            pos += 6
+            return (GOAWAY, code, _utf8(b[pos : _past(b, pos + n)], "go-away message")), pos + n
+        if kind == AUTH:
+            n = _U16(b, pos)[0]
+            if n > MAX_TOKEN_LEN:
+                raise WireError(f"malformed message: auth token of {n} bytes (at most {MAX_TOKEN_LEN})")
+            pos += 2
+            return (AUTH, b[pos : _past(b, pos + n)]), pos + n
+        raise WireError(f"unknown message kind 0x{kind:02x}")
+
+    def addressed(self, kind: int, b: bytes, pos: int) -> tuple[tuple, int]:
+        """Request and BatchRequest: flags, id, names, extensions, then the payload(s)."""
+        flags = b[pos]
+        rid = _U64(b, pos + 1)[0]
+        pos += 9
+        s = b[pos]
+        service = _utf8(b[pos + 1 : _past(b, pos + 1 + s)], "service name")
+        pos += 1 + s
+        m = b[pos]
+        method = _utf8(b[pos + 1 : _past(b, pos + 1 + m)], "method name")
+        pos += 1 + m
+        ext = NO_EXTENSIONS
+        if flags & FLAG_EXTENSIONS:
+            x = _U16(b, pos)[0]
+            ext = parse_extensions(b[pos + 2 : _past(b, pos + 2 + x)])
+            pos += 2 + x
+        if kind == REQUEST:
+            n = _U32(b, pos)[0]
+            pos += 4
+            return (REQUEST, flags, rid, service, method, ext, b[pos : _past(b, pos + n)]), pos + n
+        count = _U32(b, pos)[0]
+        if count > self.max_batch_items:
+            raise WireError(f"batch message carries more than {self.max_batch_items} items")
+        pos += 4
+        items = []
+        end = len(b)
+        for _ in range(count):
+            if pos + 4 > end:
+                raise WireError(BATCH_ITEM_PAST_END)
+            n = _U32(b, pos)[0]
+            pos += 4
+            if pos + n > end:
+                raise WireError(BATCH_ITEM_PAST_END)
+            items.append(b[pos : pos + n])
+            pos += n
+        return (BATCH_REQUEST, flags, rid, service, method, ext, items), pos
+
+    def batch_reply(self, b: bytes, pos: int) -> tuple[tuple, int]:
+        """Items as ``bytes`` (ok) or ``(code, message)`` (error). The loop is the batch
+        path's cost per item, so it leans on ``struct`` raising at the frame's end rather
+        than checking first (``frame`` turns that into the truncation error)."""
+        rid, count = _ID_LEN(b, pos)
+        if count > self.max_batch_items:
+            raise WireError(f"batch message carries more than {self.max_batch_items} items")
+        pos += 12
+        end = len(b)
+        items: list = []
+        append = items.append
+        u32, code_len = _U32, _CODE_LEN
+        for _ in range(count):
+            status = b[pos]
+            if status == 0:
+                stop = pos + 5 + u32(b, pos + 1)[0]
+                if stop > end:
+                    raise WireError(BATCH_ITEM_PAST_END)
+                append(b[pos + 5 : stop])
+            elif status == 1:
+                code, n = code_len(b, pos + 1)
+                stop = pos + 7 + n
+                if stop > end:
+                    raise WireError(BATCH_ITEM_PAST_END)
+                append((code, _utf8(b[pos + 7 : stop], "error message")))
+            else:
+                raise WireError(f"malformed message: unknown batch item status 0x{status:02x}")
+            pos = stop
+        return (BATCH_REPLY, rid, items), pos
+
+
+def _past(b: bytes, end: int) -> int:
+    """``end``, if it lies within ``b``; otherwise the message is truncated."""
+    if end > len(b):
+        raise WireError(TRUNCATED)
+    return end

@@ -1,0 +1,38 @@
+"""The send side of a connection: messages queued during one turn of the event loop leave
+together, cut into frames (PROTOCOL.md §5), in one write. Calls (or answers) made together
+thus share writes without any timer (§9.3)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from . import proto
+
+
+class Outbox:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._scheduled = False
+
+    def send(self, message: bytes) -> None:
+        self._out.append(message)
+        self._schedule()
+
+    def send_many(self, messages: list[bytes]) -> None:
+        self._out.extend(messages)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Writes everything queued now (a no-op once the transport is closing)."""
+        self._scheduled = False
+        out, self._out = self._out, []
+        t = self.transport
+        if out and t is not None and not t.is_closing():
+            t.write(b"".join(proto.frames(out)))

@@ -1,0 +1,186 @@
+"""The language-neutral conformance vectors of tests/conformance/, checked against this
+package (crates/volley/tests/conformance.rs checks the same files against the Rust code)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+import pytest
+
+from volley import Method, Server, proto
+from volley.decoder import Decoder
+from volley.hashing import HashRing, stable_hash
+from volley.proto import Extensions, WireError
+
+from conftest import CONFORMANCE
+
+WIRE = json.loads((CONFORMANCE / "wire.json").read_text())
+ROUTING = json.loads((CONFORMANCE / "routing.json").read_text())
+
+
+def to_json(m: tuple) -> dict:
+    """A decoded message in the vectors' JSON form."""
+    kind = m[0]
+    if kind in (proto.REQUEST, proto.BATCH_REQUEST):
+        _, flags, rid, service, method, ext, body = m
+        v = {"kind": "request" if kind == proto.REQUEST else "batch_request", "flags": flags, "id": rid}
+        v.update(service=service, method=method)
+        if ext.deadline_micros is not None:
+            v["deadline_micros"] = ext.deadline_micros
+        if ext.trace_parent is not None:
+            v["traceparent"] = ext.trace_parent.hex()
+        if kind == proto.REQUEST:
+            v["payload"] = body.hex()
+        else:
+            v["items"] = [p.hex() for p in body]
+        return v
+    if kind == proto.REPLY:
+        return {"kind": "reply", "id": m[1], "payload": m[2].hex()}
+    if kind == proto.ERROR:
+        return {"kind": "error", "id": m[1], "code": m[2], "message": m[3]}
+    if kind == proto.BATCH_REPLY:
+        items = [{"ok": i.hex()} if isinstance(i, bytes) else {"code": i[0], "message": i[1]} for i in m[2]]
+        return {"kind": "batch_reply", "id": m[1], "items": items}
+    if kind == proto.GOAWAY:
+        return {"kind": "goaway", "code": m[1], "message": m[2]}
+    if kind == proto.AUTH:
+        return {"kind": "auth", "token": m[1].hex()}
+    names = {proto.CANCEL: ("cancel", "id"), proto.PING: ("ping", "token"), proto.PONG: ("pong", "token")}
+    name, field = names[kind]
+    return {"kind": name, field: m[1]}
+
+
+def encode(v: dict) -> bytes:
+    """The message ``v`` describes, built with this package's encoder."""
+    kind = v["kind"]
+    if kind in ("request", "batch_request"):
+        ext = Extensions(v.get("deadline_micros"), bytes.fromhex(v["traceparent"]) if "traceparent" in v else None)
+        names = proto.name_bytes(v["service"], "service") + proto.name_bytes(v["method"], "method")
+        flags = v["flags"] & ~proto.FLAG_EXTENSIONS  # the encoder sets it from the extensions
+        if kind == "request":
+            return proto.request_message(v["id"], flags, names, bytes.fromhex(v["payload"]), ext)
+        items = [bytes.fromhex(i) for i in v["items"]]
+        return proto.batch_request_message(v["id"], flags, names, items, ext)
+    if kind == "reply":
+        return proto.reply_message(v["id"], bytes.fromhex(v["payload"]))
+    if kind == "error":
+        return proto.error_message(v["id"], v["code"], v["message"])
+    if kind == "batch_reply":
+        items = [(True, bytes.fromhex(i["ok"])) if "ok" in i else (False, i["code"], i["message"]) for i in v["items"]]
+        return proto.batch_reply_message(v["id"], items)
+    if kind == "goaway":
+        return proto.goaway_message(v["code"], v["message"])
+    if kind == "auth":
+        return proto.auth_message(bytes.fromhex(v["token"]))
+    build = {"cancel": proto.cancel_message, "ping": proto.ping_message, "pong": proto.pong_message}[kind]
+    return build(v.get("id", v.get("token")))
+
+
+def decode_all(data: bytes) -> list[tuple]:
+    decoder = Decoder()
+    decoder.feed(data)
+    messages = decoder.messages()
+    assert not decoder.in_frame(), "bytes after the last whole frame"
+    return messages
+
+
+def names(cases):
+    return [c["name"] for c in cases]
+
+
+@pytest.mark.parametrize("case", WIRE["decode"], ids=names(WIRE["decode"]))
+def test_frames_decode_to_their_messages_and_back(case):
+    data = bytes.fromhex(case["frame"])
+    assert [to_json(m) for m in decode_all(data)] == case["messages"]
+    assert b"".join(proto.frames([encode(v) for v in case["messages"]])).hex() == case["frame"]
+    # Split anywhere, the stream decodes to the same messages.
+    for cut in range(0, len(data), max(1, len(data) // 7)):
+        decoder = Decoder()
+        decoder.feed(data[:cut])
+        first = decoder.messages()
+        decoder.feed(data[cut:])
+        assert [to_json(m) for m in first + decoder.messages()] == case["messages"]
+
+
+@pytest.mark.parametrize("case", WIRE["reject"], ids=names(WIRE["reject"]))
+def test_malformed_frames_fail_with_their_reason(case):
+    with pytest.raises(WireError) as e:
+        decode_all(bytes.fromhex(case["frame"]))
+    assert str(e.value).startswith(case["error"]), str(e.value)
+
+
+@pytest.mark.parametrize("case", WIRE["preambles"], ids=names(WIRE["preambles"]))
+def test_preambles_give_their_features_or_their_error(case):
+    data = bytes.fromhex(case["bytes"])
+    if "error" in case:
+        with pytest.raises(WireError) as e:
+            proto.check_preamble(data)
+        assert str(e.value).startswith(case["error"]), str(e.value)
+    else:
+        assert proto.check_preamble(data) == case["features"]
+
+
+def test_keys_hash_and_route_on_the_ring_as_listed():
+    for case in ROUTING["stable_hash"]:
+        assert f"{stable_hash(bytes.fromhex(case['canonical'])):016x}" == case["hash"]
+    ring = HashRing([(a, w) for a, w in ROUTING["ring"]["nodes"]])
+    for pick in ROUTING["ring"]["picks"]:
+        h = stable_hash(bytes.fromhex(pick["key"]))
+        assert f"{h:016x}" == pick["hash"]
+        assert ring.node(h) == pick["node"]
+        owner = pick["node"]
+        assert ring.node(h, skip=lambda i, owner=owner: i == owner) == pick["node_without_it"]
+
+
+@pytest.mark.parametrize("case", WIRE["echo_server"], ids=names(WIRE["echo_server"]))
+def test_the_rust_server_reacts_to_each_exchange_as_listed(echo_server, case):
+    check_exchange(echo_server.address, case)
+
+
+@pytest.fixture(scope="module")
+def python_echo_server():
+    """The Python server, serving echo/echo on a thread of its own."""
+    started = threading.Event()
+    state = {}
+
+    async def serve():
+        server = Server().handle(Method("echo", "echo"), lambda payload: payload)
+        state["address"] = await server.listen("tcp://127.0.0.1:0")
+        state["stop"] = asyncio.Event()
+        started.set()
+        await state["stop"].wait()
+        await server.shutdown()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    assert started.wait(60)
+    yield state["address"]
+    loop.call_soon_threadsafe(state["stop"].set)
+    thread.join(60)
+    loop.close()
+
+
+@pytest.mark.parametrize("case", WIRE["echo_server"], ids=names(WIRE["echo_server"]))
+def test_the_python_server_reacts_to_each_exchange_as_listed(python_echo_server, case):
+    check_exchange(python_echo_server, case)
+
+
+def check_exchange(address: str, case: dict) -> None:
+    """Send, half-close (the server answers what it read, then closes: §9.6.1), read all."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(proto.preamble() + bytes.fromhex(case["send"]))
+        s.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := s.recv(65536):
+            received += chunk
+    proto.check_preamble(received[:8])
+    messages = [to_json(m) for m in decode_all(received[8:])]
+    if case["then"] != "open":
+        last = messages.pop()
+        assert (last["kind"], last["code"]) == ("goaway", case["then"]["goaway"])
+    assert messages == case["answers"]

@@ -1,0 +1,169 @@
+"""The Python server: called from the Python client, and from the Rust client (`volley bench`,
+directly and by name through a Rust controller)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import tempfile
+
+import pytest
+
+import volley
+from volley import JSON, ApplicationError, Method, Server, proto
+
+from conftest import run_bench
+
+ECHO = Method("echo", "echo")
+HALVE = Method("math", "halve", volley.U32, volley.U32)
+SUM = Method("math", "sum", JSON, JSON)
+
+
+def halve(n: int) -> int:
+    if n % 2:
+        raise ApplicationError(f"{n} is odd")
+    return n // 2
+
+
+async def slow_echo(payload: bytes) -> bytes:
+    await asyncio.sleep(0)
+    return payload
+
+
+def math_server() -> Server:
+    server = Server()
+    server.handle(ECHO, slow_echo)
+    server.handle(HALVE, halve)
+    server.handle(Method("math", "big", JSON, volley.RAW), lambda n: bytes(n))
+    server.handle_batch(SUM, lambda lists: [sum(x) if isinstance(x, list) else ValueError("not a list") for x in lists])
+    return server
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "unix"])
+def test_python_client_and_server_single_batch_and_failures_in_place(scheme):
+    listen = "tcp://127.0.0.1:0" if scheme == "tcp" else f"unix://{tempfile.mkdtemp()}/py.sock"
+
+    async def main():
+        async with math_server() as server:
+            address = await server.listen(listen)
+            async with await volley.Client.connect(address) as client:
+                payloads = [os.urandom(n) for n in (0, 1, 1000, 300_000)]
+                assert await asyncio.gather(*(client.call(ECHO, p) for p in payloads)) == payloads
+                assert await client.call(HALVE, 10) == 5
+                with pytest.raises(ApplicationError, match="7 is odd"):
+                    await client.call(HALVE, 7)
+                results = await client.call_batch(HALVE, list(range(10_000)))
+                for i, r in enumerate(results):
+                    if i % 2:
+                        assert isinstance(r, ApplicationError) and r.code == 4
+                    else:
+                        assert r == i // 2
+                # A batch handler's exception for one item fails that item alone.
+                three, also_three, failed = await client.call_batch(SUM, [[1, 2], [3], "x"])
+                assert (three, also_three) == (3, 3)
+                assert isinstance(failed, volley.PanickedError) and "not a list" in failed.message
+
+    run(main())
+
+
+def test_the_python_server_answers_unknown_names_bad_payloads_and_pings():
+    async def main():
+        async with math_server() as server:
+            address = await server.listen("tcp://127.0.0.1:0")
+            async with await volley.Client.connect(address) as client:
+                with pytest.raises(volley.UnknownServiceError, match='no service named "nope"'):
+                    await client.call(Method("nope", "x"), b"")
+                with pytest.raises(volley.UnknownMethodError, match='service "math" has no method "x"'):
+                    await client.call(Method("math", "x"), b"")
+                with pytest.raises(volley.BadRequestError):
+                    await client.call(Method("math", "halve"), b"\x01\x02")  # 2 bytes, not a u32
+                assert await client.ping() >= 0
+                assert client.server_accepts_extensions is True
+                with pytest.raises(volley.TooLargeError):
+                    await client.call(Method("math", "big", JSON, volley.RAW), 1 << 24)  # 16 MiB + header
+                assert await client.call(HALVE, 4) == 2  # and the connection goes on
+
+    run(main())
+
+
+def test_the_python_server_goes_away_on_a_malformed_frame():
+    async def main():
+        async with math_server() as server:
+            address = await server.listen("tcp://127.0.0.1:0")
+            host, port = address.removeprefix("tcp://").rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            good = proto.frames([proto.request_message(1, 0, ECHO.names, b"ok")])[0]
+            writer.write(proto.preamble() + good + struct.pack("<I", 1) + b"\x0b")
+            received = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            from volley.decoder import Decoder
+
+            decoder = Decoder()
+            decoder.feed(received[8:])
+            messages = decoder.messages()
+            assert messages[0] == (proto.REPLY, 1, b"ok")
+            assert messages[-1] == (proto.GOAWAY, volley.Code.PROTOCOL, "unknown message kind 0x0b")
+
+    run(main())
+
+
+def test_a_graceful_shutdown_answers_every_call_then_goes_away():
+    async def main():
+        release = asyncio.Event()
+
+        async def held(payload: bytes) -> bytes:
+            await release.wait()
+            return payload
+
+        server = Server().handle(ECHO, held)
+        address = await server.listen("tcp://127.0.0.1:0")
+        client = await volley.Client.connect(address)
+        calls = [asyncio.ensure_future(client.call(ECHO, bytes([i]))) for i in range(50)]
+        while not server.connections or not any(c.tasks for c in server.connections):
+            await asyncio.sleep(0.01)
+        shutting = asyncio.ensure_future(server.shutdown())
+        await asyncio.sleep(0)
+        release.set()
+        await shutting
+        assert await asyncio.gather(*calls) == [bytes([i]) for i in range(50)]
+        with pytest.raises(volley.ConnectionLostError):
+            await client.call(ECHO, b"after", timeout=30)
+        await client.close()
+
+    run(main())
+
+
+def test_a_token_protects_the_python_server():
+    async def main():
+        async with Server(token="s3cret").handle(ECHO, slow_echo) as server:
+            address = await server.listen("tcp://127.0.0.1:0")
+            async with await volley.Client.connect(address, token="s3cret") as client:
+                assert await client.call(ECHO, b"in") == b"in"
+            async with await volley.Client.connect(address, token="nope") as client:
+                with pytest.raises(volley.UnauthenticatedError):
+                    await client.call(ECHO, b"out")
+
+    run(main())
+
+
+def test_the_rust_client_calls_the_python_server(controller):
+    """`volley bench` (the Rust client) calls the Python echo service at its address, then by
+    name through the Rust controller the Python server registered with."""
+
+    async def main():
+        # `volley bench --connect` calls echo/echo; through the registry, NAME/echo.
+        server = Server().handle(ECHO, slow_echo).handle(Method("pyecho", "echo"), slow_echo)
+        async with server:
+            address = await server.listen("tcp://127.0.0.1:0")
+            await asyncio.to_thread(run_bench, "--connect", address)
+            lease = await server.register(controller.address, ttl=5.0)
+            assert lease.lease != 0
+            report = await asyncio.to_thread(run_bench, "--registry", controller.address, "--service", "pyecho")
+            assert report["registry_mode"] == "direct", report
+
+    run(main())

@@ -1,0 +1,35 @@
+//! Counters shared by the instance pools of one owner (a service client, the controller's
+//! relay), kept apart from the pools so an endpoint can count into them without knowing pools.
+
+use parking_lot::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use crate::stats::Snapshot;
+
+/// Counters shared by the pools of one owner.
+#[derive(Debug, Default)]
+pub(crate) struct PoolStats {
+    pub failovers: AtomicU64,
+    pub instances_dropped: AtomicU64,
+    /// Transport counters of connections that were closed or replaced.
+    retired: Mutex<Snapshot>,
+}
+
+impl PoolStats {
+    pub fn retire(&self, s: Snapshot) {
+        add_snapshot(&mut self.retired.lock(), &s);
+    }
+
+    pub fn retired(&self) -> Snapshot {
+        *self.retired.lock()
+    }
+}
+
+pub(crate) fn add_snapshot(acc: &mut Snapshot, s: &Snapshot) {
+    acc.frames_sent += s.frames_sent;
+    acc.messages_sent += s.messages_sent;
+    acc.bytes_sent += s.bytes_sent;
+    acc.frames_received += s.frames_received;
+    acc.messages_received += s.messages_received;
+    acc.bytes_received += s.bytes_received;
+}
