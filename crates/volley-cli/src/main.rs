@@ -5,6 +5,7 @@ mod bench;
 mod controller;
 mod echo;
 mod output;
+mod overload_bench;
 mod refusal;
 mod registry_bench;
 mod testbed;
@@ -110,9 +111,10 @@ enum Command {
 }
 
 /// `volley bench [FLAGS]` runs the echo benchmark; `volley bench registry SCENARIO [FLAGS]` the
-/// registry's scenarios. Echo flags and a subcommand do not mix. (The benchmarks of Volley's
-/// parts — codec tiers, memory pools, idle connections, large payloads — are research, not the
-/// product: `volley-research` in crates/volley-bench.)
+/// registry's scenarios, `volley bench overload` goodput under overload. Echo flags and a
+/// subcommand do not mix. (The benchmarks of Volley's parts — codec tiers, memory pools, idle
+/// connections, large payloads — are research, not the product: `volley-research` in
+/// crates/volley-bench.)
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct BenchCommand {
@@ -128,6 +130,9 @@ enum BenchWhat {
     /// (2,000 dead instances beside 2 live ones, direct mode) and `restart` (the controller
     /// killed for 1 s under relayed load).
     Registry(registry_bench::RegistryBenchArgs),
+    /// Goodput under overload: a server offered 10× its capacity by callers with 50 ms
+    /// deadlines, with the deadlines sent to the server and without, side by side.
+    Overload(overload_bench::OverloadArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -147,6 +152,9 @@ fn main() -> std::process::ExitCode {
         Command::Ls { registry, json, token } => controller::ls(&registry, json, token),
         Command::Bench(BenchCommand { what: Some(BenchWhat::Registry(args)), .. }) => {
             registry_bench::run(args)
+        }
+        Command::Bench(BenchCommand { what: Some(BenchWhat::Overload(args)), .. }) => {
+            overload_bench::run(args)
         }
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
         Command::Testbed(args) => testbed::run(args).map_err(|e| e.to_string()),
