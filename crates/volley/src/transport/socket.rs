@@ -1,6 +1,7 @@
 //! Byte streams of every kind behind one type: what a client connects, what a server's listener
-//! accepts (unix, tcp, TLS, shared memory). The client and the server never match on the kind of transport; only
-//! [`connect`] and [`bind`] do (and, inside, one small `match` per operation of the stream).
+//! accepts (unix, tcp, TLS, shared memory). The client and the server never match on the kind
+//! of transport; only [`connect`] and [`bind`] do (and, inside, one small `match` per operation
+//! of the stream).
 
 use std::io;
 use std::pin::Pin;
@@ -14,8 +15,8 @@ use super::Address;
 use super::stream::{ByteStream, ReadHalf};
 use crate::Error;
 
-/// A connected byte stream: unix, tcp, TLS over tcp, or shared memory. (A TLS session is large, but a stream
-/// is split into its halves at once, so the enum is not worth boxing.)
+/// A connected byte stream: unix, tcp, TLS over tcp, or shared memory. (A TLS session is large,
+/// but a stream is split into its halves at once, so the enum is not worth boxing.)
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Stream {
     Unix(UnixStream),
