@@ -11,7 +11,7 @@ alike; the table gives the medians and the ratios of shm to unix and to tcp, per
 the median. With --spins 0,10 more servers and clients run shm with the reader's spin set to
 each of those microseconds (VOLLEY_SHM_SPIN_US), to show what the spin buys.
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 SCENARIOS_ALL = [
     # (label, extra args, the figure compared, higher is better)
@@ -79,6 +79,7 @@ def main():
         for s in servers:
             s.terminate()
             s.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     med = lambda t, label, k: statistics.median(d[k] for d in runs[(t, label)])
     print("| scenario | transport | calls/s | items/s | p50 µs | p99 µs | CPU µs/call |")
     print("|---|---|---:|---:|---:|---:|---:|")

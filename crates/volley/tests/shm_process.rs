@@ -71,19 +71,26 @@ fn echo_server(started: Arc<AtomicUsize>) -> Server {
         .build()
 }
 
-/// The peer, killed (`SIGKILL`) when dropped.
-struct Peer(Child);
+/// The peer, killed (`SIGKILL`) when dropped; a killed server cannot remove its socket file,
+/// so the peer's owner does.
+struct Peer {
+    child: Child,
+    socket_file: Option<String>,
+}
 
 impl Peer {
     fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
 impl Drop for Peer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(path) = &self.socket_file {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -93,7 +100,8 @@ fn spawn_peer(role: &str, addr: &str) -> Peer {
         .env(PEER_ENV, format!("{role} {addr}"))
         .spawn()
         .unwrap();
-    Peer(child)
+    let socket_file = (role == "serve").then(|| addr.strip_prefix("shm://").unwrap().to_string());
+    Peer { child, socket_file }
 }
 
 fn address(tag: &str) -> String {
