@@ -44,8 +44,8 @@ struct Cli {
 enum Command {
     /// Serve the built-in echo service until interrupted (Ctrl-C shuts down gracefully).
     ServeEcho {
-        /// Address to listen on: unix:///PATH, tcp://HOST:PORT or tls://HOST:PORT (with
-        /// --tls-cert and --tls-key).
+        /// Address to listen on: unix:///PATH, tcp://HOST:PORT, tls://HOST:PORT (with
+        /// --tls-cert and --tls-key) or shm:///PATH (shared memory with clients on this host).
         #[arg(long, default_value = "tcp://127.0.0.1:7411")]
         listen: String,
         /// Register the service with the registry at this address, or with the first that

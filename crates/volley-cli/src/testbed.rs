@@ -29,6 +29,8 @@ pub enum TransportArg {
     Inproc,
     Unix,
     Tcp,
+    /// Shared memory (Linux), set up over unix sockets.
+    Shm,
 }
 
 /// Default synthetic corpus size: the default matrix (five configurations, the slowest the
@@ -66,12 +68,12 @@ pub struct TestbedArgs {
     /// Run one configuration with this codec tier.
     #[arg(long, value_enum)]
     codec: Option<CodecArg>,
-    /// How the roles talk: unix sockets (default), tcp on loopback, or inproc (no encoding,
-    /// so no bytes or messages counted).
+    /// How the roles talk: unix sockets (default), tcp on loopback, shared memory (shm), or
+    /// inproc (no encoding, so no bytes or messages counted).
     #[arg(long, value_enum, default_value = "unix")]
     transport: TransportArg,
-    /// Run every role in its own process (started and stopped by the testbed); needs unix or
-    /// tcp.
+    /// Run every role in its own process (started and stopped by the testbed); needs unix, tcp
+    /// or shm.
     #[arg(long)]
     processes: bool,
     /// Print one JSON object instead of the table.
@@ -87,9 +89,10 @@ pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
         TransportArg::Inproc => Transport::Inproc,
         TransportArg::Unix => Transport::Unix,
         TransportArg::Tcp => Transport::Tcp,
+        TransportArg::Shm => Transport::Shm,
     };
     if a.processes && transport == Transport::Inproc {
-        return Err("--processes needs --transport unix or tcp".into());
+        return Err("--processes needs --transport unix, tcp or shm".into());
     }
     let corpus = match &a.corpus {
         Some(d) => CorpusSpec::Dir(d.clone()),

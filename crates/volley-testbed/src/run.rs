@@ -26,6 +26,8 @@ pub enum Transport {
     Inproc,
     Unix,
     Tcp,
+    /// Shared memory (Linux), set up over unix sockets in the run's directory.
+    Shm,
 }
 
 impl Transport {
@@ -34,6 +36,7 @@ impl Transport {
             Transport::Inproc => "inproc",
             Transport::Unix => "unix",
             Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
         }
     }
 
@@ -42,6 +45,7 @@ impl Transport {
             "inproc" => Some(Transport::Inproc),
             "unix" => Some(Transport::Unix),
             "tcp" => Some(Transport::Tcp),
+            "shm" => Some(Transport::Shm),
             _ => None,
         }
     }
@@ -213,6 +217,7 @@ impl Addresses {
             Transport::Inproc => format!("inproc://testbed-{}-{}-{name}", std::process::id(), self.run),
             Transport::Unix => format!("unix://{}", self.dir.path().join(format!("{name}.sock")).display()),
             Transport::Tcp => "tcp://127.0.0.1:0".to_string(),
+            Transport::Shm => format!("shm://{}", self.dir.path().join(format!("{name}.sock")).display()),
         }
     }
 }

@@ -196,3 +196,55 @@ pub fn codec_general(data: &[u8]) {
     let _: Result<FuzzDoc, CodecError> = crate::codec::general::msgpack_decode(data);
     let _: Result<Vec<(String, Option<u32>)>, CodecError> = crate::codec::general::msgpack_decode(data);
 }
+
+/// The shared-memory ring against a hostile peer. The input is a script of 10-byte steps
+/// (an operation byte, a size byte, a 64-bit value): the peer stores anything in the control
+/// words and the data area; this side reads and writes through the ring. Every index read
+/// from the mapping must be validated: a read takes at most what it asked for and what the
+/// ring holds, or fails with a typed ring error appending nothing; a write never exceeds the
+/// room, which never exceeds the capacity; nothing panics or touches memory past the ring.
+#[cfg(target_os = "linux")]
+pub fn shm_ring(data: &[u8]) {
+    use std::io::IoSlice;
+    use std::sync::atomic::Ordering;
+
+    use crate::transport::shm::ring::{self, RingAt, RingReader, RingWriter};
+    use crate::transport::shm::sys::Region;
+
+    const CAP: usize = 4096;
+    let region = Region::anonymous(64 + 256 + CAP).expect("an anonymous mapping");
+    let at = RingAt { control: 64, data: 320, cap: CAP };
+    let (mut reader, mut writer) = (RingReader::new(at), RingWriter::new(at));
+    let mut out = BytesMut::new();
+    for step in data.chunks_exact(10) {
+        let size = step[1] as usize * 32;
+        let value = u64::from_le_bytes(step[2..10].try_into().expect("8 bytes"));
+        match step[0] % 6 {
+            0 => region.u64_at(64 + ring::WRITE_POS).store(value, Ordering::Relaxed),
+            1 => region.u64_at(64 + ring::READ_POS).store(value, Ordering::Relaxed),
+            2 => region.u32_at(64 + ring::WRITER_WAITING).store(value as u32, Ordering::Relaxed),
+            3 => {
+                let garbage = vec![step[1]; size / 2];
+                region.copy_in(320 + value as usize % (CAP - garbage.len()), &garbage);
+            }
+            4 => {
+                let before = out.len();
+                match reader.read(&region, &mut out, size) {
+                    Ok(r) => assert!(r.n <= size && r.n <= CAP && out.len() == before + r.n, "read {r:?}"),
+                    Err(ProtocolError::Ring(_)) => assert_eq!(out.len(), before, "a refused read appended"),
+                    Err(e) => panic!("a ring read failed with {e:?}"),
+                }
+            }
+            _ => match writer.room(&region) {
+                Ok(room) => {
+                    assert!(room <= CAP, "room {room}");
+                    let bytes = vec![step[1]; size];
+                    let n = writer.write(&region, &[IoSlice::new(&bytes)], room).n;
+                    assert!(n <= room && n <= size, "wrote {n} of {size} into {room}");
+                }
+                Err(e) => assert!(matches!(e, ProtocolError::Ring(_)), "{e:?}"),
+            },
+        }
+        out.clear();
+    }
+}

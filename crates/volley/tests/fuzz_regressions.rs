@@ -43,9 +43,20 @@ fn every_saved_input_of_every_target_passes_its_checks() {
         + replay("preamble", volley::fuzzing::preamble)
         + replay("codec_pod", volley::fuzzing::codec_pod)
         + replay("codec_fast", volley::fuzzing::codec_fast)
-        + replay("codec_general", volley::fuzzing::codec_general);
+        + replay("codec_general", volley::fuzzing::codec_general)
+        + replay_shm_ring();
     // The seed corpus alone holds more than 30 inputs: finding none means the path is wrong.
     assert!(n >= 30, "only {n} fuzz inputs found under {}", fuzz_dir().display());
+}
+
+#[cfg(target_os = "linux")]
+fn replay_shm_ring() -> usize {
+    replay("shm_ring", volley::fuzzing::shm_ring)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn replay_shm_ring() -> usize {
+    0
 }
 
 /// Decodes a whole stream (preamble first) and returns the error that ended it.
@@ -90,4 +101,26 @@ fn frame_regressions_end_in_their_typed_errors() {
     let bad = Bytes::from_static(&[0x05, 1, 0, 0, 0, 0, 0, 0, 0, 0x05, 1]);
     assert!(decode_frame(&bad, &Limits::default(), &mut out).is_err());
     assert!(out.is_empty());
+}
+
+/// Without a fuzzer at hand, the ring's checks run on seeded random scripts: positions near the
+/// real ones (the interesting boundaries) as often as arbitrary 64-bit garbage.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_shm_ring_survives_random_hostile_scripts() {
+    let mut rng = fastrand::Rng::with_seed(19);
+    for _ in 0..20_000 {
+        let mut script = Vec::new();
+        for _ in 0..rng.usize(1..60) {
+            let value = match rng.u8(0..3) {
+                0 => rng.u64(..),
+                1 => rng.u64(0..3 * 4096),
+                _ => u64::MAX - rng.u64(0..4096),
+            };
+            script.push(rng.u8(..));
+            script.push(rng.u8(..));
+            script.extend_from_slice(&value.to_le_bytes());
+        }
+        volley::fuzzing::shm_ring(&script);
+    }
 }

@@ -117,11 +117,25 @@ impl Running {
         };
         if kind == Hostile::Pipeline {
             let mut rd = socket.try_clone_box().map_err(|e| e.to_string())?;
-            let received = Arc::clone(&received);
+            let (received, stop): (_, Arc<AtomicBool>) = (Arc::clone(&received), Arc::clone(&stop));
             threads.push(std::thread::spawn(move || {
                 let mut buf = vec![0u8; 1 << 20];
-                while let Ok(n @ 1..) = rd.read(&mut buf) {
-                    received.fetch_add(n as u64, Ordering::Relaxed);
+                // The clone shares the socket's non-blocking flag (set below for the writer):
+                // an empty socket is no end.
+                loop {
+                    match rd.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            received.fetch_add(n as u64, Ordering::Relaxed);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err(_) => break,
+                    }
                 }
             }));
         }

@@ -17,6 +17,8 @@ pub enum Transport {
     Tcp,
     /// tcp with TLS: a certificate generated for the run (rcgen), verified by the client.
     Tls,
+    /// Shared memory (Linux), set up over a unix socket in the temporary directory.
+    Shm,
 }
 
 impl Transport {
@@ -31,6 +33,11 @@ impl Transport {
             ),
             Transport::Tcp => "tcp://127.0.0.1:0".into(),
             Transport::Tls => "tls://127.0.0.1:0".into(),
+            Transport::Shm => format!(
+                "shm://{}/volley-bench-{role}-{}.sock",
+                std::env::temp_dir().display(),
+                std::process::id()
+            ),
         }
     }
 

@@ -82,6 +82,10 @@ pub struct ClientConfig {
     /// Whether this client's calls count in the process's per-method client metrics (calls,
     /// errors, latency, in flight, batch sizes; shown by a server's admin endpoint). Default on.
     pub metrics: bool,
+    /// Bytes of each of the two rings (one per direction) of a `shm://` connection: a power of
+    /// two from 4 KiB to 64 MiB. The memory is shared with the server and held while the
+    /// connection is open. Larger messages stream through. Default 1 MiB.
+    pub shm_ring: usize,
 }
 
 impl Default for ClientConfig {
@@ -100,6 +104,7 @@ impl Default for ClientConfig {
             #[cfg(feature = "tls")]
             tls: None,
             metrics: true,
+            shm_ring: 1 << 20,
         }
     }
 }
@@ -388,9 +393,9 @@ impl Inner {
                 });
             }
             #[cfg(feature = "tls")]
-            let stream = socket::connect(&self.addr, self.config.tls.as_ref()).await?;
+            let stream = socket::connect(&self.addr, self.config.shm_ring, self.config.tls.as_ref()).await?;
             #[cfg(not(feature = "tls"))]
-            let stream = socket::connect(&self.addr).await?;
+            let stream = socket::connect(&self.addr, self.config.shm_ring).await?;
             Ok(Conn::Stream(StreamConn::start(stream, self.conn_options(), self.counters.clone())))
         };
         tokio::time::timeout(self.config.connect_timeout, connect)

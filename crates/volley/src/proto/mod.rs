@@ -54,4 +54,7 @@ pub enum ProtocolError {
     UnknownKind(u8),
     #[error("malformed message: {0}")]
     Malformed(&'static str),
+    /// A shared-memory connection's ring holds positions that cannot be (`shm://`).
+    #[error("corrupt shared-memory ring: {0}")]
+    Ring(&'static str),
 }

@@ -1,11 +1,13 @@
 //! Transports, chosen by address: `inproc://NAME`, `unix:///PATH`, `tcp://HOST:PORT`,
-//! `tls://HOST:PORT` (feature `tls`).
+//! `tls://HOST:PORT` (feature `tls`), `shm:///PATH` or `shm://NAME` (Linux).
 //!
 //! - `inproc`: a process-wide table of named servers; calls hand request and reply values
 //!   across with no encoding at all.
 //! - `socket`: one seam for unix, tcp and tls sockets (connect, listen, accept, handshake);
 //!   `stream`: the read and write halves a connection needs of them.
 //! - `tls`: rustls sessions over tcp, behind the same trait (feature `tls`).
+//! - `shm`: byte rings in memory shared with a process on the same host, set up over a unix
+//!   socket, behind the same trait (Linux).
 //! - `outbox`: the send side of a byte connection — callers append messages, one writer
 //!   drains everything queued into one write.
 //! - `reader`: the receive side — reads into one reusable buffer and hands up every complete
@@ -14,6 +16,8 @@
 pub(crate) mod inproc;
 pub(crate) mod outbox;
 pub(crate) mod reader;
+#[cfg(target_os = "linux")]
+pub(crate) mod shm;
 pub(crate) mod socket;
 pub(crate) mod stream;
 #[cfg(feature = "tls")]
@@ -36,6 +40,10 @@ pub enum Address {
     /// `tls://HOST:PORT`: tcp with TLS (feature `tls`; the server needs `ServerBuilder::tls`,
     /// the client `ClientConfig::tls`).
     Tls(String),
+    /// `shm:///PATH` or `shm://NAME`: shared memory with a process on this host, set up over
+    /// the unix socket at `PATH` or the abstract socket `volley-shm/NAME` (Linux). Holds what
+    /// follows `shm://`.
+    Shm(String),
 }
 
 impl Address {
@@ -43,7 +51,7 @@ impl Address {
         let bad = |reason: &str| Error::InvalidAddress { addr: s.to_string(), reason: reason.into() };
         let (scheme, rest) = s
             .split_once("://")
-            .ok_or_else(|| bad("expected SCHEME://..., with scheme inproc, unix, tcp or tls"))?;
+            .ok_or_else(|| bad("expected SCHEME://..., with scheme inproc, unix, tcp, tls or shm"))?;
         match scheme {
             "inproc" if !rest.is_empty() => Ok(Address::Inproc(rest.to_string())),
             "inproc" => Err(bad("inproc:// needs a name")),
@@ -60,19 +68,31 @@ impl Address {
                     Address::Tls(rest.to_string())
                 })
             }
-            _ => Err(bad("unknown scheme; use inproc://, unix://, tcp:// or tls://")),
+            "shm" => shm_rest(rest).map(|()| Address::Shm(rest.to_string())).map_err(bad),
+            _ => Err(bad("unknown scheme; use inproc://, unix://, tcp://, tls:// or shm://")),
         }
     }
 
-    /// Short name of the transport: `inproc`, `unix`, `tcp` or `tls`.
+    /// Short name of the transport: `inproc`, `unix`, `tcp`, `tls` or `shm`.
     pub fn transport(&self) -> &'static str {
         match self {
             Address::Inproc(_) => "inproc",
             Address::Unix(_) => "unix",
             Address::Tcp(_) => "tcp",
             Address::Tls(_) => "tls",
+            Address::Shm(_) => "shm",
         }
     }
+}
+
+#[cfg(target_os = "linux")]
+fn shm_rest(rest: &str) -> Result<(), &'static str> {
+    shm::check_rest(rest)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn shm_rest(_: &str) -> Result<(), &'static str> {
+    Err("shm:// (shared memory) needs Linux")
 }
 
 impl std::fmt::Display for Address {
@@ -82,6 +102,7 @@ impl std::fmt::Display for Address {
             Address::Unix(p) => write!(f, "unix://{}", p.display()),
             Address::Tcp(a) => write!(f, "tcp://{a}"),
             Address::Tls(a) => write!(f, "tls://{a}"),
+            Address::Shm(a) => write!(f, "shm://{a}"),
         }
     }
 }
@@ -115,11 +136,20 @@ mod tests {
             "unix://rel",
             "inproc://",
             "x",
+            "shm://",
+            "shm://a b",
+            "shm://../x",
         ] {
             assert!(matches!(Address::parse(bad), Err(Error::InvalidAddress { .. })), "{bad}");
         }
         assert_eq!(Address::parse("unix:///tmp/s").unwrap().to_string(), "unix:///tmp/s");
+        #[cfg(target_os = "linux")]
+        for (text, rest) in [("shm:///tmp/s", "/tmp/s"), ("shm://echo-1.a_b", "echo-1.a_b")] {
+            assert_eq!(Address::parse(text).unwrap(), Address::Shm(rest.into()));
+            assert_eq!(Address::parse(text).unwrap().to_string(), text);
+        }
+        assert!(Address::parse(&format!("shm://{}", "a".repeat(91))).is_err());
         let no_scheme = Address::parse("127.0.0.1:80").unwrap_err().to_string();
-        assert!(["inproc", "unix", "tcp", "tls"].iter().all(|s| no_scheme.contains(s)), "{no_scheme}");
+        assert!(["inproc", "unix", "tcp", "tls", "shm"].iter().all(|s| no_scheme.contains(s)), "{no_scheme}");
     }
 }

@@ -30,6 +30,17 @@ pub enum ReadError {
     Stalled(std::time::Duration),
 }
 
+impl ReadError {
+    /// A failed read: a transport that checks bytes itself (shared memory validates its ring)
+    /// reports a violation as an I/O error carrying the [`ProtocolError`].
+    fn from_io(e: io::Error) -> ReadError {
+        match e.get_ref().and_then(|inner| inner.downcast_ref::<ProtocolError>()) {
+            Some(p) => ReadError::Protocol(p.clone()),
+            None => ReadError::Io(e),
+        }
+    }
+}
+
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -194,7 +205,7 @@ impl<R: ReadHalf> FrameReader<R> {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ReadError::Io(e)),
+                Err(e) => return Err(ReadError::from_io(e)),
             }
         }
     }
@@ -213,7 +224,7 @@ impl<R: ReadHalf> FrameReader<R> {
         if parked {
             self.spent = (0, 0);
         }
-        r.map_err(ReadError::Io)
+        r.map_err(ReadError::from_io)
     }
 
     /// Makes room for the `missing` bytes of a partial frame, and at least [`MIN_ROOM`]. A

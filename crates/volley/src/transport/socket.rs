@@ -1,6 +1,7 @@
 //! Byte streams of every kind behind one type: what a client connects, what a server's listener
-//! accepts. The client and the server never match on the kind of transport; only
-//! [`connect`] and [`bind`] do (and, inside, one small `match` per operation of the stream).
+//! accepts (unix, tcp, TLS, shared memory). The client and the server never match on the kind
+//! of transport; only [`connect`] and [`bind`] do (and, inside, one small `match` per operation
+//! of the stream).
 
 use std::io;
 use std::pin::Pin;
@@ -14,14 +15,16 @@ use super::Address;
 use super::stream::{ByteStream, ReadHalf};
 use crate::Error;
 
-/// A connected byte stream: unix, tcp, or TLS over tcp. (A TLS session is large, but a stream
-/// is split into its halves at once, so the enum is not worth boxing.)
+/// A connected byte stream: unix, tcp, TLS over tcp, or shared memory. (A TLS session is large,
+/// but a stream is split into its halves at once, so the enum is not worth boxing.)
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
     #[cfg(feature = "tls")]
     Tls(super::tls::TlsStream),
+    #[cfg(target_os = "linux")]
+    Shm(super::shm::ShmStream),
 }
 
 /// The read half of a [`Stream`].
@@ -30,6 +33,8 @@ pub(crate) enum StreamRead {
     Tcp(tokio::net::tcp::OwnedReadHalf),
     #[cfg(feature = "tls")]
     Tls(super::tls::TlsReadHalf),
+    #[cfg(target_os = "linux")]
+    Shm(super::shm::ShmRead),
 }
 
 /// The write half of a [`Stream`].
@@ -38,6 +43,8 @@ pub(crate) enum StreamWrite {
     Tcp(tokio::net::tcp::OwnedWriteHalf),
     #[cfg(feature = "tls")]
     Tls(<super::tls::TlsStream as ByteStream>::Write),
+    #[cfg(target_os = "linux")]
+    Shm(super::shm::ShmWrite),
 }
 
 /// Calls the same method on whichever half an enum holds.
@@ -48,6 +55,8 @@ macro_rules! each {
             Self::Tcp($half) => $body,
             #[cfg(feature = "tls")]
             Self::Tls($half) => $body,
+            #[cfg(target_os = "linux")]
+            Self::Shm($half) => $body,
         }
     };
 }
@@ -70,6 +79,11 @@ impl ByteStream for Stream {
             Stream::Tls(s) => {
                 let (r, w) = s.into_halves();
                 (StreamRead::Tls(r), StreamWrite::Tls(w))
+            }
+            #[cfg(target_os = "linux")]
+            Stream::Shm(s) => {
+                let (r, w) = s.into_halves();
+                (StreamRead::Shm(r), StreamWrite::Shm(w))
             }
         }
     }
@@ -116,9 +130,11 @@ impl AsyncWrite for StreamWrite {
 }
 
 /// Connects to a socket address (not `inproc://`, which [`super::inproc::lookup`] finds).
+/// `shm_ring` is the size of each ring of a `shm://` connection.
 #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
 pub(crate) async fn connect(
     addr: &Address,
+    shm_ring: usize,
     #[cfg(feature = "tls")] tls: Option<&super::tls::TlsClient>,
 ) -> Result<Stream, Error> {
     let fail = |e| Error::io(&format!("connect to {addr}"), e);
@@ -139,8 +155,17 @@ pub(crate) async fn connect(
         }
         #[cfg(not(feature = "tls"))]
         Address::Tls(_) => Err(no_tls(addr)),
+        #[cfg(target_os = "linux")]
+        Address::Shm(rest) => Ok(Stream::Shm(super::shm::connect(rest, shm_ring).await?)),
+        #[cfg(not(target_os = "linux"))]
+        Address::Shm(_) => Err(no_shm(addr)),
         Address::Inproc(_) => unreachable!("inproc addresses are looked up, not connected"),
     }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn no_shm(addr: &Address) -> Error {
+    Error::InvalidAddress { addr: addr.to_string(), reason: "shm:// (shared memory) needs Linux".into() }
 }
 
 #[cfg(not(feature = "tls"))]
@@ -154,6 +179,8 @@ pub(crate) enum Listener {
     Tcp(TcpListener),
     #[cfg(feature = "tls")]
     Tls(TcpListener, super::tls::TlsServer),
+    /// The unix socket connections to a `shm://` address are set up over.
+    Shm(UnixListener),
 }
 
 /// A socket just accepted, before its handshake.
@@ -162,6 +189,7 @@ pub(crate) enum Accepted {
     Tcp(TcpStream),
     #[cfg(feature = "tls")]
     Tls(TcpStream, super::tls::TlsServer),
+    Shm(UnixStream),
 }
 
 /// Binds a socket address (not `inproc://`); returns the listener and the address it is bound
@@ -198,6 +226,14 @@ pub(crate) async fn bind(
         }
         #[cfg(not(feature = "tls"))]
         Address::Tls(_) => Err(no_tls(addr)),
+        #[cfg(target_os = "linux")]
+        Address::Shm(rest) => {
+            let path = super::shm::socket_path(rest);
+            remove_stale_socket(&path).await;
+            Ok((Listener::Shm(UnixListener::bind(&path).map_err(fail)?), addr.clone()))
+        }
+        #[cfg(not(target_os = "linux"))]
+        Address::Shm(_) => Err(no_shm(addr)),
         Address::Inproc(_) => unreachable!("inproc addresses are bound in the inproc table"),
     }
 }
@@ -209,6 +245,7 @@ impl Listener {
             Listener::Tcp(l) => Ok(Accepted::Tcp(nodelay(l.accept().await?.0)?)),
             #[cfg(feature = "tls")]
             Listener::Tls(l, tls) => Ok(Accepted::Tls(nodelay(l.accept().await?.0)?, tls.clone())),
+            Listener::Shm(l) => Ok(Accepted::Shm(l.accept().await?.0)),
         }
     }
 }
@@ -226,31 +263,44 @@ impl Accepted {
             Accepted::Tcp(s) => s.peer(),
             #[cfg(feature = "tls")]
             Accepted::Tls(s, _) => s.peer().replacen("tcp://", "tls://", 1),
+            Accepted::Shm(_) => "shm peer".into(),
         }
     }
 
-    /// Runs the handshake (TLS; nothing for the others) and returns the stream.
+    /// Runs the handshake (TLS; the set-up of shared memory; nothing for the others) and
+    /// returns the stream.
     pub(crate) async fn handshake(self) -> io::Result<Stream> {
         match self {
             Accepted::Unix(s) => Ok(Stream::Unix(s)),
             Accepted::Tcp(s) => Ok(Stream::Tcp(s)),
             #[cfg(feature = "tls")]
             Accepted::Tls(s, tls) => Ok(Stream::Tls(tls.accept(s).await?)),
+            #[cfg(target_os = "linux")]
+            Accepted::Shm(s) => Ok(Stream::Shm(super::shm::accept(s).await?)),
+            #[cfg(not(target_os = "linux"))]
+            Accepted::Shm(_) => unreachable!("shm:// is bound on Linux only"),
         }
     }
 }
 
-/// Cleans up after a listener on `addr` is gone: removes a unix socket's file.
+/// Cleans up after a listener on `addr` is gone: removes a unix socket's file (an abstract
+/// socket has none).
 pub(crate) fn unbind(addr: &Address) {
-    if let Address::Unix(path) = addr {
-        let _ = std::fs::remove_file(path);
+    match addr {
+        Address::Unix(path) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Address::Shm(rest) if rest.starts_with('/') => {
+            let _ = std::fs::remove_file(rest);
+        }
+        _ => {}
     }
 }
 
 /// A socket file left by a process that died is removed; a live one is left alone (bind then
 /// fails with "address in use", as it should).
 async fn remove_stale_socket(path: &std::path::Path) {
-    if path.exists() && UnixStream::connect(path).await.is_err() {
+    if path.is_absolute() && path.exists() && UnixStream::connect(path).await.is_err() {
         let _ = std::fs::remove_file(path);
     }
 }

@@ -1,0 +1,351 @@
+//! A set-up shm connection as a byte stream: the read half drains the receive ring into the
+//! reader's buffer, the write half copies into the send ring; eventfds wake a side that
+//! sleeps, and the unix socket of the set-up tells when the peer is gone.
+
+use std::io::{self, IoSlice};
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use tokio::io::AsyncWrite;
+use tokio::io::unix::AsyncFd;
+use tokio::net::UnixStream;
+
+use super::handshake::SetUp;
+use super::layout::{CONTROL_A, CONTROL_B};
+use super::ring::{RingAt, RingReader, RingWriter};
+use super::spin::Spin;
+use super::sys::{self, Region};
+use crate::proto::ProtocolError;
+use crate::transport::stream::{ByteStream, ReadHalf};
+
+/// Most bytes one read takes when the reader offers no room of its own.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// What the set-up socket said.
+const OPEN: u8 = 0;
+/// The peer closed it: it exited, crashed or closed the connection.
+const GONE: u8 = 1;
+/// The peer wrote on it after the set-up, which the protocol forbids.
+const BROKEN: u8 = 2;
+
+/// Which end of the connection this side is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Server,
+}
+
+/// What both halves of one connection share.
+pub(super) struct Link {
+    pub(super) region: Region,
+    /// The set-up socket: watched for the peer's end.
+    control: UnixStream,
+    state: AtomicU8,
+    /// Ours, signalled by the peer: bytes in our receive ring, room in our send ring.
+    bytes_ready: AsyncFd<OwnedFd>,
+    room_ready: AsyncFd<OwnedFd>,
+    /// The peer's, which we signal.
+    peer_bytes_ready: OwnedFd,
+    peer_room_ready: OwnedFd,
+}
+
+/// An established shm connection.
+pub struct ShmStream {
+    pub(super) link: Arc<Link>,
+    rx: RingReader,
+    tx: RingWriter,
+    peer: String,
+}
+
+impl ShmStream {
+    pub(super) fn new(set_up: SetUp, control: UnixStream, side: Side, peer: String) -> io::Result<ShmStream> {
+        let SetUp { region, geometry: g, bytes_ready, room_ready, peer_bytes_ready, peer_room_ready } =
+            set_up;
+        let a = RingAt { control: CONTROL_A, data: g.data_a(), cap: g.a };
+        let b = RingAt { control: CONTROL_B, data: g.data_b(), cap: g.b };
+        let (rx, tx) = match side {
+            Side::Client => (b, a),
+            Side::Server => (a, b),
+        };
+        let link = Link {
+            region,
+            control,
+            state: AtomicU8::new(OPEN),
+            bytes_ready: sys::register(bytes_ready)?,
+            room_ready: sys::register(room_ready)?,
+            peer_bytes_ready,
+            peer_room_ready,
+        };
+        Ok(ShmStream { link: Arc::new(link), rx: RingReader::new(rx), tx: RingWriter::new(tx), peer })
+    }
+}
+
+impl ByteStream for ShmStream {
+    type Read = ShmRead;
+    type Write = ShmWrite;
+
+    fn into_halves(self) -> (ShmRead, ShmWrite) {
+        let read = ShmRead {
+            link: self.link.clone(),
+            state: Mutex::new(ReadState { ring: self.rx, last_bytes: Instant::now(), spin: Spin::new() }),
+        };
+        (read, ShmWrite { link: self.link, ring: self.tx })
+    }
+
+    fn peer(&self) -> String {
+        self.peer.clone()
+    }
+}
+
+fn ring_error(e: ProtocolError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl Link {
+    fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// Looks at the set-up socket without waiting: its end means the peer is gone, a byte on
+    /// it is a protocol violation.
+    fn check_control(&self) {
+        let mut byte = [0u8; 1];
+        let now = match self.control.try_read(&mut byte) {
+            Ok(0) => GONE,
+            Ok(_) => BROKEN,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(_) => GONE,
+        };
+        let _ = self.state.compare_exchange(OPEN, now, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The error of a connection that is no longer open, if it is not.
+    fn ended(&self) -> Option<io::Error> {
+        match self.state() {
+            OPEN => None,
+            GONE => Some(io::ErrorKind::BrokenPipe.into()),
+            _ => {
+                Some(ring_error(ProtocolError::Ring("the peer wrote on the set-up socket after the set-up")))
+            }
+        }
+    }
+
+    /// Waits for a wake-up from the peer (bytes for us) or for news on the set-up socket.
+    async fn wait_bytes(&self) -> io::Result<()> {
+        tokio::select! {
+            guard = self.bytes_ready.readable() => {
+                let mut guard = guard?;
+                drain(guard.get_inner());
+                guard.clear_ready();
+            }
+            r = self.control.readable() => {
+                r?;
+                self.check_control();
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls for room (a wake-up from the peer) or news on the set-up socket.
+    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            match self.control.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {
+                    // Nothing there clears the readiness, so the next poll registers us.
+                    self.check_control();
+                    if self.state() != OPEN {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
+            }
+        }
+        let mut guard = ready!(self.room_ready.poll_read_ready(cx))?;
+        drain(guard.get_inner());
+        guard.clear_ready();
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+impl Link {
+    /// Wakes the peer's reader as a write would: for tests that change the ring by hand.
+    pub(super) fn wake_peer_reader(&self) {
+        signal(&self.peer_bytes_ready);
+    }
+}
+
+/// Signals an eventfd. A failure (the peer passed something that is not an eventfd, or its
+/// counter is saturated) only costs the peer its wake-up.
+fn signal(fd: &OwnedFd) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Resets one of our eventfds after a wake-up.
+fn drain(fd: &OwnedFd) {
+    let mut count = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut count);
+}
+
+/// The read half: the receive ring, read by readiness like a socket.
+pub struct ShmRead {
+    link: Arc<Link>,
+    state: Mutex<ReadState>,
+}
+
+struct ReadState {
+    ring: RingReader,
+    /// When bytes last came: a reader that just got some looks for more before sleeping.
+    last_bytes: Instant,
+    spin: Spin,
+}
+
+impl ShmRead {
+    /// Whether a read would return something now: bytes, the end, or an error.
+    fn has_news(&self) -> bool {
+        let region = &self.link.region;
+        let st = self.state.lock();
+        self.link.state() != OPEN || st.ring.ready(region) != Ok(0) || st.ring.closed(region)
+    }
+}
+
+impl ReadHalf for ShmRead {
+    /// Polls the ring for a while after the last bytes (yielding to the runtime's other tasks
+    /// between looks; see [`Spin`]), then sleeps until the peer wakes us or goes away.
+    async fn readable(&self) -> io::Result<()> {
+        let spin_until = {
+            let mut st = self.state.lock();
+            let last_bytes = st.last_bytes;
+            st.spin.until(last_bytes)
+        };
+        let mut spun = false;
+        loop {
+            if self.has_news() {
+                if spun {
+                    self.state.lock().spin.paid();
+                }
+                return Ok(());
+            }
+            if spin_until.is_some_and(|t| Instant::now() < t) {
+                spun = true;
+                tokio::task::yield_now().await;
+                continue;
+            }
+            self.state.lock().ring.announce_sleep(&self.link.region);
+            if self.has_news() {
+                self.state.lock().ring.cancel_sleep(&self.link.region);
+                return Ok(());
+            }
+            if std::mem::take(&mut spun) {
+                self.state.lock().spin.failed();
+            }
+            self.link.wait_bytes().await?;
+        }
+    }
+
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        let region = &self.link.region;
+        let mut st = self.state.lock();
+        let room = buf.capacity() - buf.len();
+        let max = if room == 0 { READ_CHUNK } else { room };
+        let mut read = st.ring.read(region, buf, max).map_err(ring_error)?;
+        if read.n == 0 {
+            if let Some(e) = self.link.ended().filter(|e| e.kind() != io::ErrorKind::BrokenPipe) {
+                return Err(e);
+            }
+            if self.link.state() == OPEN && !st.ring.closed(region) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            // The peer is gone or wrote its last byte: what it wrote before is visible now.
+            read = st.ring.read(region, buf, max).map_err(ring_error)?;
+            if read.n == 0 {
+                return Ok(0);
+            }
+        }
+        st.last_bytes = Instant::now();
+        if read.wake_writer {
+            signal(&self.link.peer_room_ready);
+        }
+        Ok(read.n)
+    }
+}
+
+/// The write half: copies into the send ring; waits for room when it is full.
+pub struct ShmWrite {
+    link: Arc<Link>,
+    ring: RingWriter,
+}
+
+impl AsyncWrite for ShmWrite {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let region = &this.link.region;
+        if bufs.iter().all(|b| b.is_empty()) {
+            return Poll::Ready(Ok(0));
+        }
+        loop {
+            if let Some(e) = this.link.ended() {
+                return Poll::Ready(Err(e));
+            }
+            let room = this.ring.room(region).map_err(ring_error)?;
+            if room > 0 {
+                let written = this.ring.write(region, bufs, room);
+                if written.wake_reader {
+                    signal(&this.link.peer_bytes_ready);
+                }
+                return Poll::Ready(Ok(written.n));
+            }
+            this.ring.announce_wait(region);
+            if this.ring.room(region).map_err(ring_error)? > 0 {
+                continue;
+            }
+            ready!(this.link.poll_room(cx))?;
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    /// Bytes are in the ring as soon as a write returns: nothing to flush.
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Ends this direction: the peer reads what is in the ring, then the end of the stream.
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().end();
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl ShmWrite {
+    fn end(&mut self) {
+        if self.ring.close(&self.link.region) {
+            signal(&self.link.peer_bytes_ready);
+        }
+    }
+}
+
+/// Dropping the write half ends the direction, as dropping a socket's write half does: the
+/// peer's reader sees the end of the stream instead of waiting for bytes that cannot come.
+impl Drop for ShmWrite {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
