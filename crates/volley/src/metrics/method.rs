@@ -160,7 +160,11 @@ impl MethodMetrics {
     /// Counts one error at counter `index` (see [`code_index`], [`error_index`]).
     #[inline]
     pub(crate) fn error(&self, index: usize) {
-        self.errors[index].fetch_add(1, Relaxed);
+        self.errors(index, 1);
+    }
+
+    pub(crate) fn errors(&self, index: usize, n: u64) {
+        self.errors[index].fetch_add(n, Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> MethodSnapshot {

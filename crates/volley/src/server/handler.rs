@@ -286,11 +286,16 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
                 }
                 write_result(out, id, result);
             }
-            if let Some(server) = self.server.get().and_then(Weak::upgrade).filter(|_| !expired.is_empty()) {
-                expire(&server, out, &expired);
+            if !expired.is_empty() {
+                // The turn that called us holds the server, so it is there to count them.
+                if let Some(server) = self.server.get().and_then(Weak::upgrade) {
+                    expire(&server, out, &expired);
+                }
+                if let Some(m) = &meter {
+                    m.method().errors(code_index(Code::DeadlineExceeded), expired.len() as u64);
+                }
             }
             if let Some(m) = meter {
-                (0..expired.len()).for_each(|_| m.method().error(code_index(Code::DeadlineExceeded)));
                 m.end();
             }
             return None;
