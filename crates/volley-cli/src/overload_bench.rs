@@ -1,5 +1,6 @@
-//! `volley bench overload`: goodput under overload, with deadlines sent to the server and
-//! without, side by side.
+//! `volley bench overload`: goodput under overload, side by side: as Volley was before
+//! deadlines crossed the wire (no budget sent), with deadlines sent, and with deadlines sent to
+//! a server with an adaptive concurrency limit.
 //!
 //! One server (its own thread and runtime) whose handler burns `--work-us` of CPU per request;
 //! callers on another thread. Each round, for each setting:
@@ -11,14 +12,16 @@
 //!    before the overload (within 2× the median of quiet probes, or 1 ms more).
 //!
 //! With deadlines off, the client sends no budget: the server runs every request it reads,
-//! however late (Volley before deadlines crossed the wire).
+//! however late (Volley before deadlines crossed the wire). With the limit, the server answers
+//! `Overloaded` at once beyond a concurrency limit that follows its latency
+//! ([`ConcurrencyLimit`]'s defaults).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use volley::{CallOptions, Client, ClientConfig, Method, Server};
+use volley::{CallOptions, Client, ClientConfig, ConcurrencyLimit, Method, Server};
 
 const WORK: Method<u64, u64> = Method::new("overload", "work");
 
@@ -45,6 +48,20 @@ pub struct OverloadArgs {
     max_in_flight: Option<usize>,
 }
 
+/// What the server and client of one run do about overload.
+#[derive(Debug, Clone, Copy)]
+struct Setting {
+    name: &'static str,
+    deadlines: bool,
+    limit: bool,
+}
+
+const SETTINGS: [Setting; 3] = [
+    Setting { name: "deadlines and the adaptive limit", deadlines: true, limit: true },
+    Setting { name: "deadlines only", deadlines: true, limit: false },
+    Setting { name: "neither (before deadlines crossed the wire)", deadlines: false, limit: false },
+];
+
 /// What one overload run measured.
 #[derive(Debug, Clone, Copy, Default)]
 struct Run {
@@ -53,6 +70,8 @@ struct Run {
     goodput: f64,
     wasted_runs: u64,
     expired_at_server: u64,
+    /// The server's concurrency limit when the overload ended, if it has one.
+    limit_at_end: Option<usize>,
     recovery: Duration,
 }
 
@@ -60,13 +79,12 @@ pub fn run(args: OverloadArgs) -> Result<(), String> {
     if args.work_us == 0 || args.factor <= 0.0 || args.seconds <= 0.0 || args.rounds == 0 {
         return Err("--work-us, --factor, --seconds and --rounds must be above zero".into());
     }
-    let mut on = Vec::new();
-    let mut off = Vec::new();
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); SETTINGS.len()];
     for round in 1..=args.rounds {
-        for deadlines in [true, false] {
-            let r = one_run(&args, deadlines)?;
-            eprintln!("round {round}, deadlines {}: {r:?}", if deadlines { "on" } else { "off" });
-            if deadlines { on.push(r) } else { off.push(r) }
+        for (setting, runs) in SETTINGS.iter().zip(&mut runs) {
+            let r = one_run(&args, *setting)?;
+            eprintln!("round {round}, {}: {r:?}", setting.name);
+            runs.push(r);
         }
     }
     println!(
@@ -80,13 +98,17 @@ pub fn run(args: OverloadArgs) -> Result<(), String> {
         args.rounds
     );
     println!(
-        "| deadlines to the server | capacity (calls/s) | offered | goodput | goodput / capacity | wasted handler runs | expired at the server | recovery |"
+        "| server and client | capacity (calls/s) | offered | goodput | goodput / capacity | wasted handler runs | expired at the server | recovery | limit at the end |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for (name, runs) in [("on", &on), ("off", &off)] {
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (Setting { name, .. }, runs) in SETTINGS.iter().zip(&runs) {
         let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
+        let limit = match runs.iter().filter_map(|r| r.limit_at_end.map(|l| l as f64)).collect::<Vec<_>>() {
+            limits if limits.is_empty() => "none".to_string(),
+            limits => format!("{:.0}", median(limits)),
+        };
         println!(
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.0}% | {:.0} | {:.0} | {:.0} ms |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0}% | {:.0} | {:.0} | {:.0} ms | {limit} |",
             m(|r| r.capacity),
             m(|r| r.offered),
             m(|r| r.goodput),
@@ -114,7 +136,7 @@ fn burn(us: u64) -> u64 {
     x
 }
 
-fn one_run(args: &OverloadArgs, deadlines: bool) -> Result<Run, String> {
+fn one_run(args: &OverloadArgs, setting: Setting) -> Result<Run, String> {
     let runs = Arc::new(AtomicU64::new(0));
     let path = std::env::temp_dir().join(format!("volley-overload-{}.sock", std::process::id()));
     let addr = format!("unix://{}", path.display());
@@ -125,12 +147,14 @@ fn one_run(args: &OverloadArgs, deadlines: bool) -> Result<Run, String> {
     let server_thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         rt.block_on(async move {
-            let server = Server::builder()
-                .handle_fn(&WORK, move |x: u64| {
-                    counted.fetch_add(1, Relaxed);
-                    Ok(x ^ burn(work_us))
-                })
-                .build();
+            let mut builder = Server::builder().handle_fn(&WORK, move |x: u64| {
+                counted.fetch_add(1, Relaxed);
+                Ok(x ^ burn(work_us))
+            });
+            if setting.limit {
+                builder = builder.concurrency_limit(ConcurrencyLimit::default());
+            }
+            let server = builder.build();
             let bound = server.listen(&addr).await.map(|a| a.to_string());
             let _ = tx.send((bound, server.clone()));
             let _ = stop_rx.await;
@@ -140,7 +164,7 @@ fn one_run(args: &OverloadArgs, deadlines: bool) -> Result<Run, String> {
     let (bound, server) = rx.recv().map_err(|_| "the server thread ended")?;
     let bound = bound.map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    let result = rt.block_on(measure(args, &bound, deadlines, &runs, &server));
+    let result = rt.block_on(measure(args, &bound, setting.deadlines, &runs, &server));
     let _ = stop_tx.send(());
     let _ = server_thread.join();
     result
@@ -187,12 +211,13 @@ async fn measure(
     }
     let elapsed = t0.elapsed();
     let stopped = Instant::now();
+    let limit_at_end = server.concurrency().map(|(limit, _)| limit);
     let goodput = good.load(Relaxed) as f64 / elapsed.as_secs_f64();
     let recovery = recovery(&client, quiet, stopped).await?;
     while calls.join_next().await.is_some() {}
     let wasted_runs = (runs.load(Relaxed) - runs_before).saturating_sub(good.load(Relaxed) as u64);
     let expired_at_server = server.expired_requests() - expired_before;
-    Ok(Run { capacity, offered, goodput, wasted_runs, expired_at_server, recovery })
+    Ok(Run { capacity, offered, goodput, wasted_runs, expired_at_server, limit_at_end, recovery })
 }
 
 /// Calls/s of 64 closed-loop callers over `length`.

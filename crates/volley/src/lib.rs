@@ -86,7 +86,9 @@ pub use liveness::Keepalive;
 pub use method::Method;
 pub use proto::{Code, Extensions, Limits, ProtocolError, TraceParent};
 pub use registry::{Registry, ServiceClient};
-pub use server::{BatchResult, ConnectionCounts, Server, ServerBuilder, ServerConfig, current_peer};
+pub use server::{
+    BatchResult, ConcurrencyLimit, ConnectionCounts, Server, ServerBuilder, ServerConfig, current_peer,
+};
 pub use stats::Snapshot;
 pub use transport::Address;
 

@@ -276,6 +276,81 @@ async fn three_hops_inherit_the_first_callers_budget() {
     }
 }
 
+/// A server whose `hop` forwards each request to `next` (a `hop` again, or `hang` when `next`
+/// is the innermost server) and counts its handler futures that were dropped.
+fn forwarding_server(next: Client, to: &'static Method<u64, u64>, dropped: Arc<AtomicUsize>) -> Server {
+    Server::builder()
+        .handle(&HOP, move |x: u64| {
+            let (next, guard) = (next.clone(), Dropped(dropped.clone()));
+            async move {
+                let r =
+                    next.call(to, x).await.map_err(|e| volley::Status::new(Code::Internal, e.to_string()));
+                drop(guard);
+                r
+            }
+        })
+        .build()
+}
+
+/// Three hops and a caller that drops its call long before any deadline: its Cancel stops the
+/// first hop's handler, whose dropped call cancels the second's, whose dropped call cancels
+/// the third's. Each server counts one cancelled request and no expired one.
+#[tokio::test]
+async fn cancelling_the_first_call_cancels_every_hop() {
+    let (started, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let inner = {
+        let (started, dropped) = (started.clone(), dropped.clone());
+        Server::builder()
+            .handle(&HANG, move |_: u64| {
+                started.fetch_add(1, Ordering::SeqCst);
+                let guard = Dropped(dropped.clone());
+                async move {
+                    std::future::pending::<()>().await;
+                    drop(guard);
+                    Ok(0)
+                }
+            })
+            .build()
+    };
+    let inner_addr = inner.listen(&address("cancel3")).await.unwrap().to_string();
+    let middle_dropped = Arc::new(AtomicUsize::new(0));
+    let middle =
+        forwarding_server(Client::connect(&inner_addr).await.unwrap(), &HANG, middle_dropped.clone());
+    let middle_addr = middle.listen(&address("cancel2")).await.unwrap().to_string();
+    let first_dropped = Arc::new(AtomicUsize::new(0));
+    let first = forwarding_server(Client::connect(&middle_addr).await.unwrap(), &HOP, first_dropped.clone());
+    let first_addr = first.listen(&address("cancel1")).await.unwrap().to_string();
+    let client = Client::connect(&first_addr).await.unwrap();
+
+    // The call cannot finish (the innermost handler never answers); the caller drops it once
+    // the innermost handler runs.
+    let call = client.call_with(&HOP, 0, CallOptions::default().timeout(Duration::from_secs(60)));
+    tokio::select! {
+        r = call => panic!("the call ended: {r:?}"),
+        () = wait_until(Duration::from_secs(20), "the call to reach the innermost server", || {
+            started.load(Ordering::SeqCst) == 1
+        }) => {}
+    }
+    for (name, server, dropped) in [
+        ("first", &first, &first_dropped),
+        ("middle", &middle, &middle_dropped),
+        ("innermost", &inner, &dropped),
+    ] {
+        wait_until(Duration::from_secs(15), &format!("the {name} hop's handler to be dropped"), || {
+            dropped.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        wait_until(Duration::from_secs(15), &format!("the {name} hop to count the cancel"), || {
+            server.cancelled_requests() == 1
+        })
+        .await;
+        assert_eq!(server.expired_requests(), 0, "the {name} hop saw a deadline, not a cancel");
+    }
+    for s in [&first, &middle, &inner] {
+        s.shutdown().await;
+    }
+}
+
 /// A server whose preamble announces no features (an older implementation) never receives a
 /// request extension, however long the client has been talking to it.
 #[tokio::test]

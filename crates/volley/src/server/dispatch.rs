@@ -68,6 +68,9 @@ pub(super) struct Dispatch {
     now: Option<Instant>,
     /// Work of this connection still running, for the client's cancels.
     running: Arc<Running>,
+    /// With a concurrency limit: when the turn's messages were read, and how many of its
+    /// requests were admitted and answered within the turn (their replies leave at its end).
+    turn: Option<(Instant, usize)>,
 }
 
 /// The deadline a group of requests runs under: the latest of theirs, so that no request is
@@ -149,6 +152,9 @@ impl Dispatch {
         out: &mut FrameBuilder,
     ) -> Option<ProtocolError> {
         let mut violation = None;
+        if c.shared.limiter.is_some() {
+            self.turn = Some((Instant::now(), 0));
+        }
         for msg in batch.drain(..) {
             match msg {
                 Message::Request { id, service, method, payload, ext, .. } => {
@@ -190,6 +196,10 @@ impl Dispatch {
         batch.clear();
         self.flush(c, out);
         self.pings.drain(..).for_each(|token| out.pong(token));
+        if let (Some(limiter), Some((read_at, answered))) = (&c.shared.limiter, self.turn.take()) {
+            let now = Instant::now();
+            limiter.done(answered, now - read_at, now);
+        }
         // The key's names are slices of the receive buffer: kept past the turn, they would pin
         // the whole buffer (64 KiB) for as long as the connection stays idle.
         self.key = None;
@@ -249,6 +259,9 @@ impl Dispatch {
                 return;
             }
         }
+        if !self.admit_group(c, out) {
+            return;
+        }
         // The ids are copied on every dispatch (into a reused buffer) because the requests move
         // into the handler; only a handler that waits needs them (see `start`).
         self.started.clear();
@@ -290,6 +303,9 @@ impl Dispatch {
             let status = c.shared.overloaded(n);
             return out.error(id, status.code, &status.message);
         }
+        if !self.admit_batch(c, out, id, n) {
+            return;
+        }
         let max_batch = c.shared.config.max_batch;
         let fut = if items.body_len() >= c.shared.config.offload_min_bytes {
             offloaded(route.handler.clone(), vec![id], c.shared.config.limits, move |h, _| {
@@ -301,6 +317,36 @@ impl Dispatch {
         self.started.clear();
         self.started.push(id);
         self.start(c, out, fut, n, deadline);
+    }
+
+    /// Admits the group under the concurrency limit (if the server has one), refusing the
+    /// requests beyond it; false if none is left.
+    fn admit_group(&mut self, c: &Conn<'_>, out: &mut FrameBuilder) -> bool {
+        let (Some(limiter), Some((_, admitted))) = (&c.shared.limiter, &mut self.turn) else {
+            return true;
+        };
+        let n = self.group.len();
+        let take = limiter.admit(n, false);
+        if take < n {
+            let status = c.shared.over_limit(n - take, limiter.limit());
+            self.group.drain(take..).for_each(|(id, _)| out.error(id, status.code, &status.message));
+        }
+        *admitted += take;
+        take > 0
+    }
+
+    /// Admits batch request `id` of `n` items whole under the concurrency limit, or refuses it.
+    fn admit_batch(&mut self, c: &Conn<'_>, out: &mut FrameBuilder, id: u64, n: usize) -> bool {
+        let (Some(limiter), Some((_, admitted))) = (&c.shared.limiter, &mut self.turn) else {
+            return true;
+        };
+        if limiter.admit(n, true) == 0 {
+            let status = c.shared.over_limit(n, limiter.limit());
+            out.error(id, status.code, &status.message);
+            return false;
+        }
+        *admitted += n;
+        true
     }
 
     /// Runs the replies' future for the requests in `self.started`: if it finishes on its first
@@ -319,6 +365,11 @@ impl Dispatch {
             return replies.write(out);
         }
         c.shared.queued.fetch_add(n, Ordering::Relaxed);
+        // Under a concurrency limit the requests stay admitted until the task ends, not the turn.
+        let read_at = self.turn.as_mut().map(|(read_at, admitted)| {
+            *admitted -= n;
+            *read_at
+        });
         let (shared, outbox, running) = (c.shared.clone(), c.outbox.clone(), self.running.clone());
         // Cloned only here, on the slow path, which spawns a task anyway.
         let ids = self.started.clone();
@@ -345,6 +396,10 @@ impl Dispatch {
             }
             running.finish(&ids);
             shared.queued.fetch_sub(n, Ordering::Relaxed);
+            if let (Some(limiter), Some(read_at)) = (&shared.limiter, read_at) {
+                let now = Instant::now();
+                limiter.done(n, now - read_at, now);
+            }
         });
     }
 }

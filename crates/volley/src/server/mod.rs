@@ -16,6 +16,7 @@ mod batch;
 mod conn;
 mod dispatch;
 mod handler;
+mod limit;
 mod local;
 mod observe;
 mod offload;
@@ -48,6 +49,7 @@ use handler::TypedHandler;
 use router::{Route, Router};
 
 pub use batch::BatchResult;
+pub use limit::ConcurrencyLimit;
 pub(crate) use observe::RegistrySource;
 
 /// Server settings.
@@ -64,6 +66,13 @@ pub struct ServerConfig {
     /// connections). Requests beyond it are answered [`Code::Overloaded`](crate::Code) at
     /// once instead of queueing. Default 50,000.
     pub max_queued: usize,
+    /// An adaptive bound on the requests handled at once, beside `max_queued`: it follows the
+    /// latency the server observes, and requests beyond it are answered
+    /// [`Code::Overloaded`](crate::Code) at once, so that under overload the server sheds load
+    /// early instead of queueing requests until their callers have given up. Calls made in
+    /// process (`inproc://`) are not bounded by it: their caller's task runs the handler.
+    /// `None` (the default): no adaptive bound.
+    pub concurrency_limit: Option<ConcurrencyLimit>,
     /// Requests (and batch requests) whose payload has at least this many bytes are decoded,
     /// handled (if the handler does not wait) and their replies encoded on a CPU pool rather
     /// than on the connection's task, so that large payloads are not capped at one core per
@@ -111,6 +120,7 @@ impl Default for ServerConfig {
             max_batch: DEFAULT_MAX_BATCH,
             limits: Limits::default(),
             max_queued: 50_000,
+            concurrency_limit: None,
             offload_min_bytes: 64 << 10,
             read_timeout: Some(Duration::from_secs(30)),
             max_connections: Some(10_000),
@@ -197,6 +207,14 @@ impl ServerBuilder {
         self
     }
 
+    /// Bounds the requests handled at once by a limit that adapts to the latency the server
+    /// observes (see [`ConcurrencyLimit`]); beyond it requests are answered `Overloaded` at
+    /// once. `ConcurrencyLimit::default()` aims at a 5 ms sojourn.
+    pub fn concurrency_limit(mut self, limit: ConcurrencyLimit) -> Self {
+        self.config.concurrency_limit = Some(limit);
+        self
+    }
+
     /// Payload size from which requests are decoded and answered on the codec pool instead of
     /// the connection's task (default 64 KiB; `usize::MAX` turns it off). See
     /// [`ServerConfig::offload_min_bytes`].
@@ -271,7 +289,10 @@ impl ServerBuilder {
             for route in self.router.routes() {
                 route.handler.attach(me.clone(), self.config.metrics.then(|| route.metrics.clone()));
             }
+            let limiter =
+                self.config.concurrency_limit.map(|c| limit::Limiter::new(c, tokio::time::Instant::now()));
             Shared {
+                limiter,
                 router: self.router,
                 config: self.config,
                 counters: Counters::default(),
@@ -330,6 +351,8 @@ pub(crate) struct Shared {
     pub(crate) cancelled: std::sync::atomic::AtomicU64,
     /// What the admin endpoint needs beyond the counters above.
     pub(crate) observe: observe::Observe,
+    /// The adaptive concurrency limit, if the server has one.
+    pub(crate) limiter: Option<limit::Limiter>,
 }
 
 impl Shared {
@@ -351,6 +374,17 @@ impl Shared {
         Status::new(
             crate::Code::Overloaded,
             format!("server is over its bound of {} queued requests", self.config.max_queued),
+        )
+    }
+
+    /// The answer to `refused` requests turned away by the adaptive concurrency limit.
+    pub(crate) fn over_limit(&self, refused: usize, limit: usize) -> Status {
+        self.observe.overload_refusals.fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
+        Status::new(
+            crate::Code::Overloaded,
+            format!(
+                "server is over its concurrency limit ({limit} requests at once, adapted to its latency)"
+            ),
         )
     }
 
@@ -442,6 +476,12 @@ impl Server {
     /// work was dropped).
     pub fn expired_requests(&self) -> u64 {
         self.shared.expired.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The adaptive concurrency limit's value now, and the requests admitted under it that are
+    /// not yet answered; `None` without [`ServerBuilder::concurrency_limit`].
+    pub fn concurrency(&self) -> Option<(usize, usize)> {
+        self.shared.limiter.as_ref().map(|l| (l.limit(), l.in_flight()))
     }
 
     /// Requests whose handler was still running when the client cancelled them (it dropped
