@@ -23,14 +23,16 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use tokio::runtime::Handle;
+use tracing::Instrument;
 
 use crate::codec::Wire;
 use crate::error::Error;
 use crate::method::Method;
 use crate::metrics::{self, CallMeter, Timing};
-use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
+use crate::proto::{Limits, TraceParent};
 use crate::stats::{Counters, Snapshot};
+use crate::trace;
 use crate::transport::Address;
 use crate::transport::inproc::{self, LocalServer};
 use crate::transport::socket;
@@ -216,7 +218,10 @@ impl Client {
         opts: CallOptions,
     ) -> Result<Resp, Error> {
         let meter = self.inner.meter(m, 1, Timing::Single);
-        let result = self.call_unmetered(m, req, opts).await;
+        // The call runs in its span (a disabled one, costing nothing, unless a subscriber
+        // records calls), so that an inproc handler's own calls are its children.
+        let (span, trace) = trace::call_span(m.service(), m.name());
+        let result = self.call_unmetered(m, req, opts, trace).instrument(span).await;
         if let Some(meter) = meter {
             meter.finish(&result);
         }
@@ -228,13 +233,14 @@ impl Client {
         m: &Method<Req, Resp>,
         req: Req,
         opts: CallOptions,
+        trace: Option<TraceParent>,
     ) -> Result<Resp, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
         match &*self.inner.connection().await? {
             Conn::Local(server) => inproc::call(&**server, m, req, timeout).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
-                c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, timeout).await
+                c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, (timeout, trace)).await
             }
         }
     }
@@ -251,14 +257,19 @@ impl Client {
         opts: CallOptions,
     ) -> Result<bytes::Bytes, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
-        match &*self.inner.connection().await? {
-            Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
-            Conn::Stream(c) => {
-                let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
-                let id = self.inner.next_id();
-                c.call_raw(id, || self.inner.next_id(), service, method, payload, flags, timeout).await
+        let (span, trace) = trace::call_span(service, method);
+        let call = async {
+            match &*self.inner.connection().await? {
+                Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
+                Conn::Stream(c) => {
+                    let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
+                    let id = self.inner.next_id();
+                    c.call_raw(id, || self.inner.next_id(), service, method, payload, flags, (timeout, trace))
+                        .await
+                }
             }
-        }
+        };
+        call.instrument(span).await
     }
 
     /// The blocking form of [`call`](Self::call), for code that is not async. Must not be
