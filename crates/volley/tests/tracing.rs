@@ -399,3 +399,20 @@ async fn a_server_without_extensions_gets_no_trace_context() {
     let calls = lock().spans.iter().filter(|s| s.field("service") == Some(service)).count();
     assert_eq!(calls, 2, "the calls were traced");
 }
+
+/// A chunk of a batch call is one request: its span is the parent of the span serving it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_chunk_is_the_parent_of_the_span_that_serves_it() {
+    drop(lock());
+    let service = leak(unique("batch"));
+    let (server, echo) = echo_server(service);
+    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let client = Client::connect(&addr).await.unwrap();
+    warm(&client, service).await;
+    let results = client.call_batch(&echo, vec![1, 2, 3]).await;
+    assert_eq!(results.into_iter().map(Result::unwrap).collect::<Vec<_>>(), vec![1, 2, 3]);
+    let (_, call) = one("volley.call", service);
+    let (_, serve) = one("volley.serve", service);
+    served_for(&serve, &call);
+    server.shutdown().await;
+}

@@ -156,19 +156,21 @@ impl Client {
         let n = chunk.len();
         let meter = self.inner.meter(m, n, crate::metrics::Timing::Batch);
         let timeout = crate::context::budget(opts.timeout.unwrap_or(self.inner.config.timeout));
-        let result = match self.inner.connection().await {
-            Err(e) => Err(e),
-            Ok(conn) => match &*conn {
+        // A chunk is one request on the wire: one span (disabled unless a subscriber records it).
+        let (span, trace) = crate::trace::call_span(m.service(), m.name());
+        let call = async {
+            match &*self.inner.connection().await? {
                 Conn::Local(server) => {
                     crate::transport::inproc::call_chunk(&**server, m, chunk, timeout).await
                 }
                 Conn::Stream(c) => {
                     let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                     let id = self.inner.next_id();
-                    c.call_chunk(id, || self.inner.next_id(), m, &chunk, flags, timeout).await
+                    c.call_chunk(id, || self.inner.next_id(), m, &chunk, flags, (timeout, trace)).await
                 }
-            },
+            }
         };
+        let result = tracing::Instrument::instrument(call, span).await;
         let results = result.unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect());
         if let Some(meter) = meter {
             meter.finish_all(&results);

@@ -376,7 +376,8 @@ impl StreamConn {
         self.fail(err);
     }
 
-    /// Sends one request and waits for its reply.
+    /// Sends one request and waits for its reply. `sending`: the call's timeout, and the trace
+    /// context its request carries (when the server accepts extensions).
     pub async fn call<Req: Wire, Resp: Wire>(
         &self,
         id: u64,
@@ -412,10 +413,10 @@ impl StreamConn {
         m: &Method<Req, Resp>,
         items: &[Req],
         flags: u8,
-        timeout: Duration,
+        sending: (Duration, Option<TraceParent>),
     ) -> Result<Vec<Result<Resp, Error>>, Error> {
         let reply = self
-            .roundtrip(id, next_id, items.len(), (timeout, None), |fb, id, ext| {
+            .roundtrip(id, next_id, items.len(), sending, |fb, id, ext| {
                 fb.batch_request(id, flags, ext, (m.service(), m.name()), items, |r, buf| r.encode(buf))
                     .map_err(build_error)
             })
