@@ -23,6 +23,9 @@ use volley::registry::{
 };
 use volley::{Client, Method, Server, ServiceClient, TraceParent};
 
+#[path = "support/old_server.rs"]
+mod old_server;
+
 /// A span the recorder saw: its name, its fields, and the recorded span it was a child of in
 /// this process (the `tracing` parent).
 #[derive(Debug, Clone, Default)]
@@ -365,27 +368,8 @@ async fn a_server_without_extensions_gets_no_trace_context() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = format!("tcp://{}", listener.local_addr().unwrap());
     let old_server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        s.write_all(&PREAMBLE).await.unwrap(); // features 0
-        let (mut dec, mut buf, mut msgs) = (Decoder::new(Limits::default()), BytesMut::new(), Vec::new());
-        let mut seen = Vec::new();
-        while seen.len() < 2 {
-            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "the client closed early");
-            while let Some(frame) = dec.next_frame(&mut buf).unwrap() {
-                volley::proto::decode_frame(&frame, &Limits::default(), &mut msgs).unwrap();
-            }
-            let mut fb = FrameBuilder::new(Limits::default());
-            for msg in msgs.drain(..) {
-                if let Message::Request { id, flags, ext, .. } = msg {
-                    seen.push((flags, ext));
-                    fb.reply(id, |b| volley::Wire::encode(&7u64, b)).unwrap();
-                }
-            }
-            let mut segs = Vec::new();
-            fb.take_into(&mut segs);
-            s.write_all(&segs.concat()).await.unwrap();
-        }
-        seen
+        let (s, _) = listener.accept().await.unwrap();
+        old_server::answer_without_features(s, 2, 7).await
     });
     let client = Client::connect(&addr).await.unwrap();
     // The second call is made after the preamble arrived (no extensions announced).
