@@ -170,10 +170,8 @@ fn leak(s: String) -> &'static str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_over_tcp_is_the_parent_of_the_span_that_serves_it() {
-    drop(lock());
-    let service = leak(unique("tcp"));
-    let (server, echo) = echo_server(service);
-    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let (server, service, addr) = echo_on_tcp("tcp").await;
+    let echo: Method<u64, u64> = Method::new(service, "echo");
     let client = Client::connect(&addr).await.unwrap();
     warm(&client, service).await;
     assert_eq!(client.call(&echo, 5).await.unwrap(), 5);
@@ -266,6 +264,15 @@ async fn a_relayed_call_keeps_the_chain_through_the_controller() {
     controller.shutdown().await;
 }
 
+/// An [`echo_server`] of a service of its own, listening on tcp: (server, service, address).
+async fn echo_on_tcp(tag: &str) -> (Server, &'static str, String) {
+    drop(lock());
+    let service = leak(unique(tag));
+    let (server, _) = echo_server(service);
+    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    (server, service, addr)
+}
+
 /// Sends one raw `echo` request to `service` at `addr` (tcp), its extension block as given
 /// (patched by `patch` after encoding), and returns the answer.
 async fn raw_echo(addr: &str, service: &str, ext: Extensions, patch: impl FnOnce(&mut Vec<u8>)) -> u64 {
@@ -295,10 +302,7 @@ async fn raw_echo(addr: &str, service: &str, ext: Extensions, patch: impl FnOnce
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_trace_context_is_served_in_a_root_span() {
-    drop(lock());
-    let service = leak(unique("plain"));
-    let (server, _) = echo_server(service);
-    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let (server, service, addr) = echo_on_tcp("plain").await;
     assert_eq!(raw_echo(&addr, service, Extensions::NONE, |_| {}).await, 77);
     let (_, serve) = one("volley.serve", service);
     assert_eq!(serve.field("parent_id"), None);
@@ -310,10 +314,7 @@ async fn a_request_without_trace_context_is_served_in_a_root_span() {
 /// A raw request's trace context is taken as given (what another implementation sends).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_traceparent_becomes_the_served_span_s_parent() {
-    drop(lock());
-    let service = leak(unique("raw"));
-    let (server, _) = echo_server(service);
-    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let (server, service, addr) = echo_on_tcp("raw").await;
     let tp = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
     let ext = Extensions { trace_parent: Some(tp), ..Extensions::NONE };
     assert_eq!(raw_echo(&addr, service, ext, |_| {}).await, 77);
@@ -327,10 +328,7 @@ async fn a_raw_traceparent_becomes_the_served_span_s_parent() {
 /// a root span of a new trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_traceparent_is_ignored_and_the_call_succeeds() {
-    drop(lock());
-    let service = leak(unique("malformed"));
-    let (server, _) = echo_server(service);
-    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let (server, service, addr) = echo_on_tcp("malformed").await;
     // A trace id of this test's own, so that the debug event can be told apart.
     let trace_id: [u8; 16] = std::array::from_fn(|_| fastrand::u8(1..));
     let tp = TraceParent { trace_id, parent_id: [3; 8], flags: 1 };
@@ -387,10 +385,8 @@ async fn a_server_without_extensions_gets_no_trace_context() {
 /// A chunk of a batch call is one request: its span is the parent of the span serving it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_chunk_is_the_parent_of_the_span_that_serves_it() {
-    drop(lock());
-    let service = leak(unique("batch"));
-    let (server, echo) = echo_server(service);
-    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let (server, service, addr) = echo_on_tcp("batch").await;
+    let echo: Method<u64, u64> = Method::new(service, "echo");
     let client = Client::connect(&addr).await.unwrap();
     warm(&client, service).await;
     let results = client.call_batch(&echo, vec![1, 2, 3]).await;
