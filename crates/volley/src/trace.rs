@@ -27,7 +27,10 @@ use tracing::field::{Empty, display};
 use tracing_subscriber::Registry;
 use tracing_subscriber::registry::LookupSpan;
 
+use bytes::Bytes;
+
 use crate::proto::TraceParent;
+use crate::proto::message::as_str;
 
 /// W3C trace flags: the trace is sampled (recorded).
 const SAMPLED: u8 = 0x01;
@@ -49,26 +52,38 @@ impl SpanContext {
 
 /// The span of a call to `service`/`method`, a child of the current span, and the trace context
 /// to send with its request (`None` when no subscriber wants the span).
+///
+/// Inlined, so that the check of a disabled span is all a call pays without a subscriber; the
+/// work of an enabled one is out of line.
+#[inline]
 pub(crate) fn call_span(service: &str, method: &str) -> (Span, Option<TraceParent>) {
     let span = tracing::info_span!("volley.call", service, method, trace_id = Empty, span_id = Empty);
     if span.is_disabled() {
         return (span, None);
     }
-    let parent = ancestor_context(&span);
-    let cx = own_context(&span, parent.map(|p| (p.trace_id, p.flags)));
-    keep(&span, cx);
-    (span, Some(cx.traceparent()))
+    let tp = link_call(&span);
+    (span, Some(tp))
+}
+
+/// Gives an enabled call span its ids: in the trace of its nearest traced ancestor, if any.
+fn link_call(span: &Span) -> TraceParent {
+    let parent = ancestor_context(span);
+    let cx = own_context(span, parent.map(|p| (p.trace_id, p.flags)));
+    keep(span, cx);
+    cx.traceparent()
 }
 
 /// The span of a request a server serves (`None` when no subscriber wants it): a root of this
 /// process's span tree, and the child of the caller's span (`remote`) when the request carried
-/// its trace context.
-pub(crate) fn serve_span(service: &str, method: &str, remote: Option<TraceParent>) -> Option<Span> {
+/// its trace context. The names are the request's (checked UTF-8), read only for an enabled
+/// span; inlined for the same reason as [`call_span`].
+#[inline]
+pub(crate) fn serve_span(service: &Bytes, method: &Bytes, remote: Option<TraceParent>) -> Option<Span> {
     let span = tracing::info_span!(
         parent: None,
         "volley.serve",
-        service,
-        method,
+        service = as_str(service),
+        method = as_str(method),
         trace_id = Empty,
         span_id = Empty,
         parent_id = Empty
@@ -76,14 +91,19 @@ pub(crate) fn serve_span(service: &str, method: &str, remote: Option<TraceParent
     if span.is_disabled() {
         return None;
     }
+    link_served(&span, remote);
+    Some(span)
+}
+
+/// Gives an enabled serve span its ids and its remote parent.
+fn link_served(span: &Span, remote: Option<TraceParent>) {
     if let Some(tp) = remote {
         #[cfg(feature = "otel")]
-        crate::otel::set_remote_parent(&span, tp);
+        crate::otel::set_remote_parent(span, tp);
         span.record("parent_id", display(Hex(&tp.parent_id)));
     }
-    let cx = own_context(&span, remote.map(|tp| (tp.trace_id, tp.flags)));
-    keep(&span, cx);
-    Some(span)
+    let cx = own_context(span, remote.map(|tp| (tp.trace_id, tp.flags)));
+    keep(span, cx);
 }
 
 /// The ids of a new span: OpenTelemetry's when its layer is there; otherwise a random span id,
@@ -159,7 +179,7 @@ mod tests {
             let (span, tp) = call_span("s", "m");
             assert!(span.is_disabled());
             assert_eq!(tp, None);
-            assert!(serve_span("s", "m", None).is_none());
+            assert!(serve_span(&Bytes::from("s"), &Bytes::from("m"), None).is_none());
         });
     }
 
@@ -168,7 +188,7 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::INFO);
         tracing::subscriber::with_default(subscriber, || {
             let remote = TraceParent { trace_id: [7; 16], parent_id: [9; 8], flags: 0 };
-            let serve = serve_span("s", "m", Some(remote)).expect("enabled");
+            let serve = serve_span(&Bytes::from("s"), &Bytes::from("m"), Some(remote)).expect("enabled");
             let _in = serve.enter();
             // A user's span in between is passed through.
             let _user = tracing::info_span!("user").entered();

@@ -170,7 +170,10 @@ impl Client {
                 }
             }
         };
-        let result = tracing::Instrument::instrument(call, span).await;
+        let result = match trace {
+            None => call.await,
+            Some(_) => tracing::Instrument::instrument(call, span).await,
+        };
         let results = result.unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect());
         if let Some(meter) = meter {
             meter.finish_all(&results);

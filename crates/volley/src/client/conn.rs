@@ -537,6 +537,7 @@ impl StreamConn {
     /// its budget in microseconds, when this connection sends budgets, and its `trace` context. A budget beyond the field's range (about 71 minutes)
     /// is not sent: the server then sets no deadline rather than an early one.
     /// The trace context goes as it came: `None` unless a subscriber records the call's span.
+    #[inline]
     fn extensions(&self, timeout: Duration, trace: Option<TraceParent>) -> Extensions {
         if !self.peer_extensions.load(Ordering::Relaxed) {
             return Extensions::NONE;

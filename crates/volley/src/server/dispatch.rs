@@ -175,7 +175,7 @@ impl Dispatch {
                     let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) else {
                         continue;
                     };
-                    let span = trace::serve_span(as_str(&service), as_str(&method), ext.trace_parent);
+                    let span = trace::serve_span(&service, &method, ext.trace_parent);
                     let large = payload.len() >= c.shared.config.offload_min_bytes;
                     let same = span.is_none()
                         && self
@@ -204,7 +204,7 @@ impl Dispatch {
                     self.flush(c, out);
                     self.key = None;
                     if let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) {
-                        let span = trace::serve_span(as_str(&service), as_str(&method), ext.trace_parent);
+                        let span = trace::serve_span(&service, &method, ext.trace_parent);
                         self.batch(c, out, id, (&service, &method), items, (deadline, span));
                     }
                 }
