@@ -1,8 +1,9 @@
 //! Spans of calls and of the requests a server serves, linked across processes by the
 //! TRACEPARENT request extension (PROTOCOL.md §6.2.2).
 //!
-//! A call made through a [`Client`](crate::Client) runs inside a `volley.call` span, a request
-//! a server serves inside a `volley.serve` span (target `volley::trace`, level INFO, fields
+//! A call made through a [`Client`](crate::Client) has a `volley.call` span for as long as it
+//! runs (held, not entered: see `Client::call_with`), a request a server serves runs inside a
+//! `volley.serve` span (target `volley::trace`, level INFO, fields
 //! `service`, `method`, `trace_id`, `span_id`, and `parent_id` for a served request that came
 //! with a trace context). The client sends its call span's W3C trace context with the request;
 //! the server's span takes it as its remote parent, so the two share a trace id and the serve

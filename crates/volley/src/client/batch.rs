@@ -157,9 +157,10 @@ impl Client {
         let meter = self.inner.meter(m, n, crate::metrics::Timing::Batch);
         let timeout = crate::context::budget(opts.timeout.unwrap_or(self.inner.config.timeout));
         // A chunk is one request on the wire: one span (disabled unless a subscriber records it).
-        let (span, trace) = crate::trace::call_span(m.service(), m.name());
-        let call = async {
-            match &*self.inner.connection().await? {
+        let (_span, trace) = crate::trace::call_span(m.service(), m.name()); // as in `call_with`
+        let result = match self.inner.connection().await {
+            Err(e) => Err(e),
+            Ok(conn) => match &*conn {
                 Conn::Local(server) => {
                     crate::transport::inproc::call_chunk(&**server, m, chunk, timeout).await
                 }
@@ -168,11 +169,7 @@ impl Client {
                     let id = self.inner.next_id();
                     c.call_chunk(id, || self.inner.next_id(), m, &chunk, flags, (timeout, trace)).await
                 }
-            }
-        };
-        let result = match trace {
-            None => call.await,
-            Some(_) => tracing::Instrument::instrument(call, span).await,
+            },
         };
         let results = result.unwrap_or_else(|e| (0..n).map(|_| Err(e.clone())).collect());
         if let Some(meter) = meter {

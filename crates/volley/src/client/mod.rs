@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use tokio::runtime::Handle;
-use tracing::Instrument;
 
 use crate::codec::Wire;
 use crate::error::Error;
@@ -218,14 +217,12 @@ impl Client {
         opts: CallOptions,
     ) -> Result<Resp, Error> {
         let meter = self.inner.meter(m, 1, Timing::Single);
-        // A traced call runs in its span, so that an inproc handler's own calls are its
-        // children. An untraced one runs as it would without tracing: wrapping its future (a
-        // larger future, copied once more) measurably costs this path.
-        let (span, trace) = trace::call_span(m.service(), m.name());
-        let result = match trace {
-            None => self.call_unmetered(m, req, opts, None).await,
-            trace => self.call_unmetered(m, req, opts, trace).instrument(span).await,
-        };
+        // The span lives as long as the call; it is not entered. Wrapping the call's future in
+        // it (`Instrument`) costs every call, traced or not, 4-15 % more CPU on this path
+        // (a nested future the compiler no longer inlines, copied once more), for one thing
+        // only: an inproc handler's calls would be the span's children rather than its siblings.
+        let (_span, trace) = trace::call_span(m.service(), m.name());
+        let result = self.call_unmetered(m, req, opts, trace).await;
         if let Some(meter) = meter {
             meter.finish(&result);
         }
@@ -261,21 +258,15 @@ impl Client {
         opts: CallOptions,
     ) -> Result<bytes::Bytes, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
-        let (span, trace) = trace::call_span(service, method);
-        let call = async {
-            match &*self.inner.connection().await? {
-                Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
-                Conn::Stream(c) => {
-                    let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
-                    let id = self.inner.next_id();
-                    c.call_raw(id, || self.inner.next_id(), service, method, payload, flags, (timeout, trace))
-                        .await
-                }
+        let (_span, trace) = trace::call_span(service, method); // as in `call_with`
+        match &*self.inner.connection().await? {
+            Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
+            Conn::Stream(c) => {
+                let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
+                let id = self.inner.next_id();
+                c.call_raw(id, || self.inner.next_id(), service, method, payload, flags, (timeout, trace))
+                    .await
             }
-        };
-        match trace {
-            None => call.await,
-            Some(_) => call.instrument(span).await,
         }
     }
 
