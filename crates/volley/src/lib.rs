@@ -58,7 +58,12 @@ pub mod registry;
 mod server;
 pub mod service;
 mod stats;
+mod trace;
 pub mod transport;
+
+/// OpenTelemetry for Volley's spans (feature `otel`).
+#[cfg(feature = "otel")]
+pub mod otel;
 
 // The wire format's building blocks, the memory pools and the fuzz entry points: public only
 // with the feature `internals`, for the project's own tests, benchmarks, fuzz targets and

@@ -12,6 +12,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use volley::proto::{Decoder, Extensions, FrameBuilder, Limits, Message, PREAMBLE};
 use volley::{CallOptions, Client, ClientConfig, Code, Error, Method, Server};
 
+#[path = "support/old_server.rs"]
+mod old_server;
+
 const ADD_ONE: Method<u64, u64> = Method::new("deadlines", "add_one");
 const HANG: Method<u64, u64> = Method::new("deadlines", "hang");
 const HOP: Method<u64, u64> = Method::new("deadlines", "hop");
@@ -359,27 +362,8 @@ async fn a_server_without_the_extensions_feature_gets_plain_requests() {
     let _ = std::fs::remove_file(&path);
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
     let old_server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        s.write_all(&PREAMBLE).await.unwrap(); // features 0
-        let (mut dec, mut buf, mut msgs) = (Decoder::new(Limits::default()), BytesMut::new(), Vec::new());
-        let mut seen = Vec::new();
-        while seen.len() < 3 {
-            assert!(s.read_buf(&mut buf).await.unwrap() > 0, "the client closed early");
-            while let Some(frame) = dec.next_frame(&mut buf).unwrap() {
-                volley::proto::decode_frame(&frame, &Limits::default(), &mut msgs).unwrap();
-            }
-            let mut fb = FrameBuilder::new(Limits::default());
-            for m in msgs.drain(..) {
-                if let Message::Request { id, flags, ext, .. } = m {
-                    seen.push((flags, ext));
-                    fb.reply(id, |b| volley::Wire::encode(&7u64, b)).unwrap();
-                }
-            }
-            let mut segs = Vec::new();
-            fb.take_into(&mut segs);
-            s.write_all(&segs.concat()).await.unwrap();
-        }
-        seen
+        let (s, _) = listener.accept().await.unwrap();
+        old_server::answer_without_features(s, 3, 7).await
     });
     let client = Client::connect(&format!("unix://{path}")).await.unwrap();
     for _ in 0..3 {

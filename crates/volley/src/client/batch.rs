@@ -156,6 +156,8 @@ impl Client {
         let n = chunk.len();
         let meter = self.inner.meter(m, n, crate::metrics::Timing::Batch);
         let timeout = crate::context::budget(opts.timeout.unwrap_or(self.inner.config.timeout));
+        // A chunk is one request on the wire: one span (disabled unless a subscriber records it).
+        let (_span, trace) = crate::trace::call_span(m.service(), m.name()); // as in `call_with`
         let result = match self.inner.connection().await {
             Err(e) => Err(e),
             Ok(conn) => match &*conn {
@@ -165,7 +167,7 @@ impl Client {
                 Conn::Stream(c) => {
                     let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                     let id = self.inner.next_id();
-                    c.call_chunk(id, || self.inner.next_id(), m, &chunk, flags, timeout).await
+                    c.call_chunk(id, || self.inner.next_id(), m, &chunk, flags, (timeout, trace)).await
                 }
             },
         };

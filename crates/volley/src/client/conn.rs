@@ -17,7 +17,7 @@ use crate::method::Method;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
 use crate::proto::extensions::FEATURE_EXTENSIONS;
 use crate::proto::message::as_str;
-use crate::proto::{Code, Extensions, ItemResult, Limits, Message};
+use crate::proto::{Code, Extensions, ItemResult, Limits, Message, TraceParent};
 use crate::stats::Counters;
 use crate::transport::outbox::Outbox;
 use crate::transport::reader::{FrameReader, ReadError};
@@ -39,9 +39,10 @@ pub(crate) struct StreamConn {
     peer: String,
     sweeper: Sweeper,
     flow: FlowControl,
-    /// Whether requests carry their time budget: asked for, and the server's preamble said it
-    /// accepts request extensions. Until that preamble arrives, requests go without.
-    sends_deadlines: AtomicBool,
+    /// Whether the server's preamble said it accepts request extensions (its time budget, its
+    /// trace context). Until that preamble arrives, requests go without.
+    peer_extensions: AtomicBool,
+    /// Whether requests carry their time budget (when the server accepts extensions).
     wants_deadlines: bool,
 }
 
@@ -199,7 +200,7 @@ impl StreamConn {
             peer,
             sweeper: Sweeper::default(),
             flow: FlowControl::new(flow),
-            sends_deadlines: AtomicBool::new(false),
+            peer_extensions: AtomicBool::new(false),
             wants_deadlines: opts.send_deadlines,
         });
         let c = conn.clone();
@@ -311,9 +312,9 @@ impl StreamConn {
                 _ = self.dead.cancelled() => return,
             };
             self.reads.fetch_add(1, Ordering::Relaxed);
-            if self.wants_deadlines && !self.sends_deadlines.load(Ordering::Relaxed) {
+            if !self.peer_extensions.load(Ordering::Relaxed) {
                 let features = reader.peer_features();
-                self.sends_deadlines.store(features & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
+                self.peer_extensions.store(features & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
             }
             match read {
                 Ok(true) => {}
@@ -375,7 +376,8 @@ impl StreamConn {
         self.fail(err);
     }
 
-    /// Sends one request and waits for its reply.
+    /// Sends one request and waits for its reply. `sending`: the call's timeout, and the trace
+    /// context its request carries (when the server accepts extensions).
     pub async fn call<Req: Wire, Resp: Wire>(
         &self,
         id: u64,
@@ -383,10 +385,10 @@ impl StreamConn {
         m: &Method<Req, Resp>,
         req: &Req,
         flags: u8,
-        timeout: Duration,
+        sending: (Duration, Option<TraceParent>),
     ) -> Result<Resp, Error> {
         let reply = self
-            .roundtrip(id, next_id, 1, timeout, |fb, id, ext| match req.as_bytes() {
+            .roundtrip(id, next_id, 1, sending, |fb, id, ext| match req.as_bytes() {
                 Some(b) if b.len() >= ZERO_COPY_MIN => {
                     fb.request_bytes(id, flags, ext, (m.service(), m.name()), b).map_err(build_error)
                 }
@@ -411,10 +413,10 @@ impl StreamConn {
         m: &Method<Req, Resp>,
         items: &[Req],
         flags: u8,
-        timeout: Duration,
+        sending: (Duration, Option<TraceParent>),
     ) -> Result<Vec<Result<Resp, Error>>, Error> {
         let reply = self
-            .roundtrip(id, next_id, items.len(), timeout, |fb, id, ext| {
+            .roundtrip(id, next_id, items.len(), sending, |fb, id, ext| {
                 fb.batch_request(id, flags, ext, (m.service(), m.name()), items, |r, buf| r.encode(buf))
                     .map_err(build_error)
             })
@@ -444,7 +446,7 @@ impl StreamConn {
         id: u64,
         next_id: impl FnMut() -> u64,
         items: usize,
-        timeout: Duration,
+        (timeout, trace): (Duration, Option<TraceParent>),
         push: impl FnOnce(&mut FrameBuilder, u64, &Extensions) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
         // A call that finds no room waits for it within its timeout, and has what is left of
@@ -458,7 +460,7 @@ impl StreamConn {
                 (admitted.map_err(|_| Error::Timeout(timeout))??, timeout.saturating_sub(t0.elapsed()))
             }
         };
-        let ext = self.extensions(left);
+        let ext = self.extensions(left, trace);
         let outcome = self.send_and_wait(id, next_id, timeout, left, |fb, id| push(fb, id, &ext)).await;
         outcome.map_err(|e| timed_out(e, &ext, timeout))
     }
@@ -518,10 +520,10 @@ impl StreamConn {
         method: &str,
         payload: bytes::Bytes,
         flags: u8,
-        timeout: Duration,
+        sending: (Duration, Option<TraceParent>),
     ) -> Result<bytes::Bytes, Error> {
         let reply = self
-            .roundtrip(id, next_id, 1, timeout, |fb, id, ext| {
+            .roundtrip(id, next_id, 1, sending, |fb, id, ext| {
                 fb.request_bytes(id, flags, ext, (service, method), payload).map_err(build_error)
             })
             .await?;
@@ -531,16 +533,18 @@ impl StreamConn {
         }
     }
 
-    /// The extensions of a request whose call may take `timeout`: its budget in microseconds,
-    /// when this connection sends budgets. A budget beyond the field's range (about 71 minutes)
+    /// The extensions of a request whose call may take `timeout`, when the server accepts them:
+    /// its budget in microseconds, when this connection sends budgets, and its `trace` context. A budget beyond the field's range (about 71 minutes)
     /// is not sent: the server then sets no deadline rather than an early one.
-    fn extensions(&self, timeout: Duration) -> Extensions {
-        match u32::try_from(timeout.as_micros()) {
-            Ok(micros) if self.sends_deadlines.load(Ordering::Relaxed) => {
-                Extensions { deadline_micros: Some(micros), ..Extensions::NONE }
-            }
-            _ => Extensions::NONE,
+    /// The trace context goes as it came: `None` unless a subscriber records the call's span.
+    #[inline]
+    fn extensions(&self, timeout: Duration, trace: Option<TraceParent>) -> Extensions {
+        if !self.peer_extensions.load(Ordering::Relaxed) {
+            return Extensions::NONE;
         }
+        let deadline_micros =
+            if self.wants_deadlines { u32::try_from(timeout.as_micros()).ok() } else { None };
+        Extensions { deadline_micros, trace_parent: trace }
     }
 
     pub fn pending_len(&self) -> usize {
@@ -594,7 +598,7 @@ mod tests {
         // The moment inside `fail` between closing the outbox and failing the waiters.
         let _ = conn.ended.set(Error::Unauthenticated("the token presented is not accepted".into()));
         conn.outbox.close();
-        let r = conn.call(1, || 2, &ECHO, &"x".to_string(), 0, Duration::from_secs(5)).await;
+        let r = conn.call(1, || 2, &ECHO, &"x".to_string(), 0, (Duration::from_secs(5), None)).await;
         assert!(matches!(&r, Err(Error::Unauthenticated(_))), "{r:?}");
         assert_eq!(conn.pending_len(), 0);
     }
@@ -615,7 +619,7 @@ mod tests {
         let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
         let conn = StreamConn::start(ours, options(), Arc::default());
         conn.fail(Error::Unauthenticated("the token presented is not accepted".into()));
-        let r = conn.call(1, || 2, &ECHO, &"x".to_string(), 0, Duration::from_secs(5)).await;
+        let r = conn.call(1, || 2, &ECHO, &"x".to_string(), 0, (Duration::from_secs(5), None)).await;
         assert!(matches!(&r, Err(Error::Unauthenticated(_))), "{r:?}");
         assert_eq!(conn.pending_len(), 0);
     }

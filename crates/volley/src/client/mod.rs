@@ -28,9 +28,10 @@ use crate::codec::Wire;
 use crate::error::Error;
 use crate::method::Method;
 use crate::metrics::{self, CallMeter, Timing};
-use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
+use crate::proto::{Limits, TraceParent};
 use crate::stats::{Counters, Snapshot};
+use crate::trace;
 use crate::transport::Address;
 use crate::transport::inproc::{self, LocalServer};
 use crate::transport::socket;
@@ -216,7 +217,12 @@ impl Client {
         opts: CallOptions,
     ) -> Result<Resp, Error> {
         let meter = self.inner.meter(m, 1, Timing::Single);
-        let result = self.call_unmetered(m, req, opts).await;
+        // The span lives as long as the call; it is not entered. Wrapping the call's future in
+        // it (`Instrument`) costs every call, traced or not, 4-15 % more CPU on this path
+        // (a nested future the compiler no longer inlines, copied once more), for one thing
+        // only: an inproc handler's calls would be the span's children rather than its siblings.
+        let (_span, trace) = trace::call_span(m.service(), m.name());
+        let result = self.call_unmetered(m, req, opts, trace).await;
         if let Some(meter) = meter {
             meter.finish(&result);
         }
@@ -228,13 +234,14 @@ impl Client {
         m: &Method<Req, Resp>,
         req: Req,
         opts: CallOptions,
+        trace: Option<TraceParent>,
     ) -> Result<Resp, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
         match &*self.inner.connection().await? {
             Conn::Local(server) => inproc::call(&**server, m, req, timeout).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
-                c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, timeout).await
+                c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, (timeout, trace)).await
             }
         }
     }
@@ -251,12 +258,14 @@ impl Client {
         opts: CallOptions,
     ) -> Result<bytes::Bytes, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
+        let (_span, trace) = trace::call_span(service, method); // as in `call_with`
         match &*self.inner.connection().await? {
             Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 let id = self.inner.next_id();
-                c.call_raw(id, || self.inner.next_id(), service, method, payload, flags, timeout).await
+                c.call_raw(id, || self.inner.next_id(), service, method, payload, flags, (timeout, trace))
+                    .await
             }
         }
     }

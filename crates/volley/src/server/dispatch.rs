@@ -15,6 +15,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use tokio::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
+use tracing::{Instrument, Span};
 
 use super::Shared;
 use super::batch::poll_now;
@@ -24,6 +25,7 @@ use super::running::Running;
 use crate::proto::encode::FrameBuilder;
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Limits, Message, ProtocolError};
+use crate::trace;
 use crate::transport::outbox::Outbox;
 
 /// The error a request still running at a shutdown's drain deadline gets. Its handler may have
@@ -71,6 +73,9 @@ pub(super) struct Dispatch {
     /// With a concurrency limit: when the turn's messages were read, and how many of its
     /// requests were admitted and answered within the turn (their replies leave at its end).
     turn: Option<(Instant, usize)>,
+    /// The span of the group being built, when a subscriber records served requests: such a
+    /// request is served as a group of its own, so that the handler runs in its span.
+    span: Option<Span>,
 }
 
 /// The deadline a group of requests runs under: the latest of theirs, so that no request is
@@ -101,9 +106,24 @@ impl GroupDeadline {
 }
 
 /// Runs `f` (a handler's start) with `peer` and `deadline` as what the handler sees of its
-/// request ([`current_peer`](super::current_peer), [`current_deadline`](crate::current_deadline)).
-fn with_context<R>(peer: &Option<Arc<super::Peer>>, deadline: Option<Instant>, f: impl FnOnce() -> R) -> R {
+/// request ([`current_peer`](super::current_peer), [`current_deadline`](crate::current_deadline)),
+/// inside `span` if the request has one.
+fn with_context<R>(
+    peer: &Option<Arc<super::Peer>>,
+    deadline: Option<Instant>,
+    span: Option<&Span>,
+    f: impl FnOnce() -> R,
+) -> R {
+    let _entered = span.map(Span::enter);
     super::with_peer(peer.as_ref(), || crate::context::with_deadline(deadline, f))
+}
+
+/// `fut` polled inside `span`, if there is one (a box more per traced request only).
+fn in_span<T: 'static>(fut: BoxFuture<'static, T>, span: Option<Span>) -> BoxFuture<'static, T> {
+    match span {
+        Some(span) => Box::pin(fut.instrument(span)),
+        None => fut,
+    }
 }
 
 /// Completes at `deadline`; never without one.
@@ -161,17 +181,23 @@ impl Dispatch {
                     let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) else {
                         continue;
                     };
+                    let span = trace::serve_span(&service, &method, ext.trace_parent);
                     let large = payload.len() >= c.shared.config.offload_min_bytes;
-                    let same = self
-                        .key
-                        .as_ref()
-                        .is_some_and(|(s, m, l)| *s == service && *m == method && *l == large);
+                    let same = span.is_none()
+                        && self
+                            .key
+                            .as_ref()
+                            .is_some_and(|(s, m, l)| *s == service && *m == method && *l == large);
                     if !same || self.group.len() >= c.shared.config.max_batch {
                         self.flush(c, out);
                         self.key = Some((service, method, large));
                     }
                     self.group.push((id, payload));
                     self.deadline.add(deadline);
+                    if span.is_some() {
+                        self.span = span;
+                        self.flush(c, out);
+                    }
                 }
                 Message::Ping { token } => self.pings.push(token),
                 Message::Cancel { id } => self.running.cancel(id),
@@ -184,7 +210,8 @@ impl Dispatch {
                     self.flush(c, out);
                     self.key = None;
                     if let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) {
-                        self.batch(c, out, id, (&service, &method), items, deadline);
+                        let span = trace::serve_span(&service, &method, ext.trace_parent);
+                        self.batch(c, out, id, (&service, &method), items, (deadline, span));
                     }
                 }
                 Message::Reply { .. } | Message::Error { .. } | Message::BatchReply { .. } => {
@@ -236,6 +263,7 @@ impl Dispatch {
         }
         let (service, method, large) = self.key.as_ref().expect("a group has a key");
         let large = *large;
+        let span = self.span.take();
         let deadline = self.deadline.take();
         // A long turn (a big read under load) can outlast its requests' budgets: those whose
         // caller has given up are not run.
@@ -276,12 +304,12 @@ impl Dispatch {
         } else {
             let handler = &route.handler;
             let group = &mut self.group;
-            match with_context(&self.peer, deadline, || handler.serve(group, out, deadline)) {
+            match with_context(&self.peer, deadline, span.as_ref(), || handler.serve(group, out, deadline)) {
                 Some(fut) => fut,
                 None => return, // a synchronous handler answered already
             }
         };
-        self.start(c, out, fut, n, deadline);
+        self.start(c, out, in_span(fut, span), n, deadline);
     }
 
     /// Hands the items of batch request `id` to its handler.
@@ -292,7 +320,7 @@ impl Dispatch {
         id: u64,
         (service, method): (&Bytes, &Bytes),
         items: BatchItems,
-        deadline: Option<Instant>,
+        (deadline, span): (Option<Instant>, Option<Span>),
     ) {
         let route = match c.shared.router.lookup(as_str(service), as_str(method)) {
             Ok(route) => route,
@@ -312,11 +340,13 @@ impl Dispatch {
                 Some(h.serve_batch(id, items, max_batch))
             })
         } else {
-            with_context(&self.peer, deadline, || route.handler.serve_batch(id, items, max_batch))
+            with_context(&self.peer, deadline, span.as_ref(), || {
+                route.handler.serve_batch(id, items, max_batch)
+            })
         };
         self.started.clear();
         self.started.push(id);
-        self.start(c, out, fut, n, deadline);
+        self.start(c, out, in_span(fut, span), n, deadline);
     }
 
     /// Admits the group under the concurrency limit (if the server has one), refusing the
@@ -361,7 +391,7 @@ impl Dispatch {
         n: usize,
         deadline: Option<Instant>,
     ) {
-        if let Some(replies) = with_context(&self.peer, deadline, || poll_now(&mut fut)) {
+        if let Some(replies) = with_context(&self.peer, deadline, None, || poll_now(&mut fut)) {
             return replies.write(out);
         }
         c.shared.queued.fetch_add(n, Ordering::Relaxed);
