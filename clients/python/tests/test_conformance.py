@@ -6,16 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import threading
 
 import pytest
 
-from volley import Method, Server, proto
+from volley import Method, Server, conformance, proto
 from volley.decoder import Decoder
 from volley.hashing import HashRing, stable_hash
 from volley.proto import Extensions, WireError
 
-from conftest import CONFORMANCE
+from conftest import CONFORMANCE, Running, serve_echo, volley_bin
 
 WIRE = json.loads((CONFORMANCE / "wire.json").read_text())
 ROUTING = json.loads((CONFORMANCE / "routing.json").read_text())
@@ -141,14 +142,17 @@ def test_the_rust_server_reacts_to_each_exchange_as_listed(echo_server, case):
 
 
 @pytest.fixture(scope="module")
-def python_echo_server():
-    """The Python server, serving echo/echo on a thread of its own."""
+def python_echo_server(tmp_path_factory):
+    """The Python server, serving echo/echo on tcp and unix on a thread of its own; yields
+    the two addresses."""
     started = threading.Event()
     state = {}
+    sock = tmp_path_factory.mktemp("conformance") / "echo.sock"
 
     async def serve():
         server = Server().handle(Method("echo", "echo"), lambda payload: payload)
-        state["address"] = await server.listen("tcp://127.0.0.1:0")
+        state["tcp"] = await server.listen("tcp://127.0.0.1:0")
+        state["unix"] = await server.listen(f"unix://{sock}")
         state["stop"] = asyncio.Event()
         started.set()
         await state["stop"].wait()
@@ -158,7 +162,7 @@ def python_echo_server():
     thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
     thread.start()
     assert started.wait(60)
-    yield state["address"]
+    yield state
     loop.call_soon_threadsafe(state["stop"].set)
     thread.join(60)
     loop.close()
@@ -166,7 +170,77 @@ def python_echo_server():
 
 @pytest.mark.parametrize("case", WIRE["echo_server"], ids=names(WIRE["echo_server"]))
 def test_the_python_server_reacts_to_each_exchange_as_listed(python_echo_server, case):
-    check_exchange(python_echo_server, case)
+    check_exchange(python_echo_server["tcp"], case)
+
+
+def run_conformance(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([volley_bin(), "conformance", *args], capture_output=True, text=True, timeout=300)
+
+
+def passed_cases(out: subprocess.CompletedProcess, section: str) -> None:
+    """Checks that a runner passed every case of ``section`` and said so."""
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(WIRE[section])} cases, 0 failed" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_the_python_server_passes_the_conformance_runner(python_echo_server, transport):
+    passed_cases(run_conformance("server", python_echo_server[transport]), "echo_server")
+
+
+def test_the_rust_server_passes_the_conformance_runner(echo_server):
+    passed_cases(run_conformance("server", echo_server.address), "echo_server")
+
+
+def test_the_runner_fails_a_server_that_does_not_serve_echo():
+    server = serve_echo("--name", "other")
+    try:
+        out = run_conformance("server", server.address)
+    finally:
+        server.stop()
+    assert out.returncode != 0
+    assert "FAILED  an echo call" in out.stdout, out.stdout
+
+
+def client_runner(listen: str) -> Running:
+    return Running(["conformance", "client", listen, "--timeout", "240"], r"conformance runner on (\S+)")
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_the_python_client_passes_the_conformance_runner(tmp_path, transport):
+    runner = client_runner("tcp://127.0.0.1:0" if transport == "tcp" else f"unix://{tmp_path}/r.sock")
+    try:
+        assert asyncio.run(conformance.drive(runner.address)) == []
+        assert runner.proc.wait(timeout=120) == 0, runner.output()
+        assert f"{len(WIRE['client'])} cases, 0 failed" in runner.output()
+    finally:
+        runner.stop()
+
+
+def test_the_rust_client_passes_the_conformance_runner():
+    runner = client_runner("tcp://127.0.0.1:0")
+    try:
+        out = run_conformance("drive", runner.address)
+        assert out.returncode == 0, out.stderr
+        assert runner.proc.wait(timeout=120) == 0, runner.output()
+    finally:
+        runner.stop()
+
+
+def test_a_driver_whose_client_misreports_fails_the_run(monkeypatch):
+    """Every outcome reported as a timeout: the runner refuses each, and exits non-zero."""
+    runner = client_runner("tcp://127.0.0.1:0")
+    try:
+
+        async def timed_out(address, call, timeout):
+            return {"timeout": "not really"}
+
+        monkeypatch.setattr(conformance, "play", timed_out)
+        refused = asyncio.run(conformance.drive(runner.address))
+        assert len(refused) == len(WIRE["client"])
+        assert runner.proc.wait(timeout=120) != 0
+    finally:
+        runner.stop()
 
 
 def check_exchange(address: str, case: dict) -> None:

@@ -28,7 +28,7 @@ from .errors import (
     ClosedError,
     CodecError,
     ConnectionLostError,
-    ProtocolError,
+    ProtocolViolationError,
     TooLargeError,
     error_for,
 )
@@ -344,7 +344,7 @@ def _items(outcome: Any, n: int) -> list[Any]:
         return [outcome] * n
     items = list(outcome[:n])
     if len(items) < n:
-        missing = ProtocolError(f"the batch reply has {len(outcome)} items for {n} requests")
+        missing = ProtocolViolationError(f"the batch reply has {len(outcome)} items for {n} requests")
         items.extend([missing] * (n - len(items)))
     return items
 
