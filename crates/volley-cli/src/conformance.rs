@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use volley_conformance::client_side::ClientSide;
 use volley_conformance::json::unhex_checked;
-use volley_conformance::{Report, driver, server_side};
+use volley_conformance::{Report, driver, interop, server_side};
 
 #[derive(Args)]
 pub struct ConformanceArgs {
@@ -41,6 +41,23 @@ enum Side {
         /// Seconds each call may take.
         #[arg(long, default_value_t = 30.0)]
         call_timeout: f64,
+    },
+    /// The Rust client against a server under test at ADDR serving echo/echo and
+    /// echo/fail_odd: payloads to 1 MiB, 1,000 pipelined calls, a batch of 10,000 with
+    /// failures in place, unknown names and (with --token, which the server requires) bad
+    /// tokens; exit non-zero if any fails.
+    Interop {
+        addr: String,
+        #[arg(long)]
+        token: Option<String>,
+    },
+    /// Serve echo/echo and echo/fail_odd at ADDR (port 0: any) until interrupted: the Rust
+    /// server that other implementations' clients check themselves against.
+    Serve {
+        addr: String,
+        /// Require this token of every connection.
+        #[arg(long)]
+        token: Option<String>,
     },
     /// The reference stable hash (PROTOCOL.md §15.2; with --seed, the seeded XXH3-64 of the
     /// hash ring, §16.6) of each line of hex on stdin, one lower-case hex hash per line: for
@@ -78,6 +95,8 @@ pub fn run(args: ConformanceArgs) -> Result<(), String> {
                 _ => Err(format!("the runner refused these outcomes:\n{}", refused.join("\n"))),
             }
         }
+        Side::Interop { addr, token } => verdict(runtime.block_on(interop::check(&addr, token.as_deref()))),
+        Side::Serve { addr, token } => runtime.block_on(serve(&addr, token.as_deref())),
         Side::Hash { seed } => hash_lines(seed),
     }
 }
@@ -85,6 +104,16 @@ pub fn run(args: ConformanceArgs) -> Result<(), String> {
 fn verdict(report: Report) -> Result<(), String> {
     print!("{}", report.render());
     if report.passed() { Ok(()) } else { Err("conformance cases failed".into()) }
+}
+
+async fn serve(addr: &str, token: Option<&str>) -> Result<(), String> {
+    let server = interop::reference_server(token);
+    let bound = server.listen(addr).await.map_err(|e| format!("listening on {addr}: {e}"))?;
+    // Tests wait for this line: it carries the port picked for port 0.
+    println!("conformance server on {bound}");
+    tokio::signal::ctrl_c().await.map_err(|e| format!("waiting for Ctrl-C: {e}"))?;
+    server.shutdown().await;
+    Ok(())
 }
 
 fn hash_lines(seed: u64) -> Result<(), String> {

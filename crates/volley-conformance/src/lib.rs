@@ -12,6 +12,7 @@
 
 pub mod client_side;
 pub mod driver;
+pub mod interop;
 pub mod json;
 pub mod server_side;
 mod stream;

@@ -83,3 +83,28 @@ async fn a_driver_that_reports_wrong_outcomes_or_skips_calls_fails_those_cases()
     assert!(reasons[1].contains("without making the call"), "{}", reasons[1]);
     assert!(reasons[2].contains("without reporting"), "{}", reasons[2]);
 }
+
+#[tokio::test]
+async fn the_rust_client_and_server_pass_the_interop_checks_on_tcp_and_unix() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = volley_conformance::interop::reference_server(Some("s3cret"));
+    let tcp = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let unix = server.listen(&format!("unix://{}/i.sock", dir.path().display())).await.unwrap().to_string();
+    for addr in [tcp, unix] {
+        let report = volley_conformance::interop::check(&addr, Some("s3cret")).await;
+        assert!(report.passed(), "{addr}:\n{}", report.render());
+        assert_eq!(report.cases.len(), 5, "{}", report.render());
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_fails_no_items_or_takes_any_token_fails_the_interop_checks() {
+    let server =
+        Server::builder().handle_fn(&ECHO, Ok).handle_fn(&volley_conformance::interop::FAIL_ODD, Ok).build();
+    let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let report = volley_conformance::interop::check(&addr, Some("s3cret")).await;
+    let failed = failures(&report);
+    assert_eq!(failed, ["a batch of 10,000 with failures in place", "a bad token and none are refused"]);
+    server.shutdown().await;
+}
