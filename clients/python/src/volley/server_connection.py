@@ -34,7 +34,7 @@ class ServerConnection(asyncio.Protocol):
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.outbox = Outbox(self.loop)
+        self.outbox = Outbox(self.loop, server.counters)
         self.decoder = Decoder()
         self._head = b""
         self.preamble_done = False
@@ -72,6 +72,9 @@ class ServerConnection(asyncio.Protocol):
                 data, self._head, self.preamble_done = self._head[proto.PREAMBLE_LEN :], b"", True
             self.decoder.feed(data)
             messages = self.decoder.messages()
+            counters = self.server.counters
+            counters.bytes_received += len(data)
+            counters.messages_received += len(messages)
         except WireError as e:
             self._dispatch(e.before)
             self._leave(Code.PROTOCOL, str(e))
