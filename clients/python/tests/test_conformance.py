@@ -258,3 +258,28 @@ def check_exchange(address: str, case: dict) -> None:
         last = messages.pop()
         assert (last["kind"], last["code"]) == ("goaway", case["then"]["goaway"])
     assert messages == case["answers"]
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [(True, b"abcd")] * 300,  # one size: the strided fast path
+        [(True, b"")] * 5,
+        [(True, b"abcd")] * 299 + [(True, b"abc")],  # the last differs: the general loop
+        [(True, b"abcd")] * 10 + [(False, 4, "no")] + [(True, b"abcd")] * 10,
+        [(True, bytes([1, 0, 0, 0, 0]))] * 3,  # payload bytes that look like item headers
+    ],
+)
+def test_batch_replies_decode_alike_on_every_path(items):
+    """A BatchReply between two other messages in one frame decodes to its items whichever
+    path reads it, and the messages after it still decode."""
+    body = [proto.ping_message(1), proto.batch_reply_message(9, items), proto.pong_message(2)]
+    want = [i[1] if i[0] else (i[1], i[2]) for i in items]
+    messages = decode_all(b"".join(proto.frames(body)))
+    assert [m[0] for m in messages] == [proto.PING, proto.BATCH_REPLY, proto.PONG]
+    assert messages[1][2] == want
+    # Cut short by one byte, the same frame is refused, not misread.
+    frame = proto.frames([proto.batch_reply_message(9, items)])[0]
+    broken = proto.frames([frame[4:-1]])[0]
+    with pytest.raises(WireError):
+        decode_all(broken)
