@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import subprocess
-import threading
 
 import pytest
 
@@ -16,7 +15,7 @@ from volley.decoder import Decoder
 from volley.hashing import HashRing, stable_hash
 from volley.proto import Extensions, WireError
 
-from conftest import CONFORMANCE, Running, serve_echo, volley_bin
+from conftest import CONFORMANCE, Running, python_server, serve_echo, volley_bin
 
 WIRE = json.loads((CONFORMANCE / "wire.json").read_text())
 ROUTING = json.loads((CONFORMANCE / "routing.json").read_text())
@@ -143,29 +142,14 @@ def test_the_rust_server_reacts_to_each_exchange_as_listed(echo_server, case):
 
 @pytest.fixture(scope="module")
 def python_echo_server(tmp_path_factory):
-    """The Python server, serving echo/echo on tcp and unix on a thread of its own; yields
-    the two addresses."""
-    started = threading.Event()
-    state = {}
+    """The Python server, serving echo/echo on tcp and unix; yields the two addresses."""
     sock = tmp_path_factory.mktemp("conformance") / "echo.sock"
 
-    async def serve():
-        server = Server().handle(Method("echo", "echo"), lambda payload: payload)
-        state["tcp"] = await server.listen("tcp://127.0.0.1:0")
-        state["unix"] = await server.listen(f"unix://{sock}")
-        state["stop"] = asyncio.Event()
-        started.set()
-        await state["stop"].wait()
-        await server.shutdown()
+    def make():
+        return Server().handle(Method("echo", "echo"), lambda payload: payload)
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    thread.start()
-    assert started.wait(60)
-    yield state
-    loop.call_soon_threadsafe(state["stop"].set)
-    thread.join(60)
-    loop.close()
+    with python_server(make, "tcp://127.0.0.1:0", f"unix://{sock}") as (tcp, unix):
+        yield {"tcp": tcp, "unix": unix}
 
 
 @pytest.mark.parametrize("case", WIRE["echo_server"], ids=names(WIRE["echo_server"]))

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 import volley
 from volley import Method
 
-from conftest import START_DEADLINE, Running, volley_bin
+from conftest import START_DEADLINE, Running, python_server, volley_bin
 from interop_server import ECHO, FAIL_ODD, interop_server
 
 TOKEN = "s3cret"
@@ -34,33 +32,15 @@ def listen_address(transport: str, tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 def test_the_rust_client_passes_the_interop_checks_against_the_python_server(tmp_path, transport):
-    started, state = threading.Event(), {}
-
-    async def serve():
-        server = interop_server(TOKEN)
-        state["address"] = await server.listen(listen_address(transport, tmp_path))
-        state["stop"] = asyncio.Event()
-        started.set()
-        await state["stop"].wait()
-        await server.shutdown()
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    thread.start()
-    try:
-        assert started.wait(START_DEADLINE)
+    with python_server(lambda: interop_server(TOKEN), listen_address(transport, tmp_path)) as (address,):
         out = subprocess.run(
-            [volley_bin(), "conformance", "interop", state["address"], "--token", TOKEN],
+            [volley_bin(), "conformance", "interop", address, "--token", TOKEN],
             capture_output=True,
             text=True,
             timeout=300,
         )
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert "5 cases, 0 failed" in out.stdout, out.stdout
-    finally:
-        loop.call_soon_threadsafe(state["stop"].set)
-        thread.join(60)
-        loop.close()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "5 cases, 0 failed" in out.stdout, out.stdout
 
 
 def rust_server(listen: str) -> Running:
