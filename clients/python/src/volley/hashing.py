@@ -3,7 +3,8 @@
 ``stable_hash(key)`` is xxh3-64 (seed 0) over the key's canonical bytes, so a key goes to the
 same instance from Python as from Rust. The hash is this package's own pure-Python XXH3
 (``volley.xxh3``); when the optional ``xxhash`` package (xxHash's C library) is installed it
-is used instead, being some hundred times faster on long keys: both give the same numbers. Canonical bytes are defined for:
+is used instead (a short key costs microseconds in pure Python, a 1 KiB key about 0.3 ms; the C
+library well under one): both give the same numbers. Canonical bytes are defined for:
 
 - ``bytes`` (and ``bytearray``, ``memoryview``): the bytes themselves; ``str``: its UTF-8;
 - ``bool``: one byte; ``None`` (Rust's ``()``): no bytes;
