@@ -8,12 +8,15 @@ skipped, so a run that passes has talked to a real Rust peer.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -107,3 +110,31 @@ def run_bench(*args: str) -> dict:
     report = json.loads(out.stdout)
     assert report["calls"] > 0 and report["errors"] == 0, report
     return report
+
+
+@contextlib.contextmanager
+def python_server(make, *listens: str):
+    """A Python server (``make()``) listening on each of ``listens``, served by an event loop
+    on a thread of its own (as a separate process would be); yields the bound addresses."""
+    started = threading.Event()
+    state: dict = {}
+
+    async def serve():
+        server = make()
+        state["addresses"] = [await server.listen(a) for a in listens]
+        state["stop"] = asyncio.Event()
+        started.set()
+        await state["stop"].wait()
+        await server.shutdown()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    try:
+        assert started.wait(START_DEADLINE), "the Python server did not start"
+        yield state["addresses"]
+    finally:
+        if "stop" in state:
+            loop.call_soon_threadsafe(state["stop"].set)
+        thread.join(60)
+        loop.close()

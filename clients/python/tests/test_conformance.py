@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
+import subprocess
 
 import pytest
 
-from volley import Method, Server, proto
+from volley import Method, Server, conformance, proto
 from volley.decoder import Decoder
 from volley.hashing import HashRing, stable_hash
 from volley.proto import Extensions, WireError
 
-from conftest import CONFORMANCE
+from conftest import CONFORMANCE, Running, python_server, serve_echo, volley_bin
 
 WIRE = json.loads((CONFORMANCE / "wire.json").read_text())
 ROUTING = json.loads((CONFORMANCE / "routing.json").read_text())
@@ -141,32 +141,90 @@ def test_the_rust_server_reacts_to_each_exchange_as_listed(echo_server, case):
 
 
 @pytest.fixture(scope="module")
-def python_echo_server():
-    """The Python server, serving echo/echo on a thread of its own."""
-    started = threading.Event()
-    state = {}
+def python_echo_server(tmp_path_factory):
+    """The Python server, serving echo/echo on tcp and unix; yields the two addresses."""
+    sock = tmp_path_factory.mktemp("conformance") / "echo.sock"
 
-    async def serve():
-        server = Server().handle(Method("echo", "echo"), lambda payload: payload)
-        state["address"] = await server.listen("tcp://127.0.0.1:0")
-        state["stop"] = asyncio.Event()
-        started.set()
-        await state["stop"].wait()
-        await server.shutdown()
+    def make():
+        return Server().handle(Method("echo", "echo"), lambda payload: payload)
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    thread.start()
-    assert started.wait(60)
-    yield state["address"]
-    loop.call_soon_threadsafe(state["stop"].set)
-    thread.join(60)
-    loop.close()
+    with python_server(make, "tcp://127.0.0.1:0", f"unix://{sock}") as (tcp, unix):
+        yield {"tcp": tcp, "unix": unix}
 
 
 @pytest.mark.parametrize("case", WIRE["echo_server"], ids=names(WIRE["echo_server"]))
 def test_the_python_server_reacts_to_each_exchange_as_listed(python_echo_server, case):
-    check_exchange(python_echo_server, case)
+    check_exchange(python_echo_server["tcp"], case)
+
+
+def run_conformance(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([volley_bin(), "conformance", *args], capture_output=True, text=True, timeout=300)
+
+
+def passed_cases(out: subprocess.CompletedProcess, section: str) -> None:
+    """Checks that a runner passed every case of ``section`` and said so."""
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(WIRE[section])} cases, 0 failed" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_the_python_server_passes_the_conformance_runner(python_echo_server, transport):
+    passed_cases(run_conformance("server", python_echo_server[transport]), "echo_server")
+
+
+def test_the_rust_server_passes_the_conformance_runner(echo_server):
+    passed_cases(run_conformance("server", echo_server.address), "echo_server")
+
+
+def test_the_runner_fails_a_server_that_does_not_serve_echo():
+    server = serve_echo("--name", "other")
+    try:
+        out = run_conformance("server", server.address)
+    finally:
+        server.stop()
+    assert out.returncode != 0
+    assert "FAILED  an echo call" in out.stdout, out.stdout
+
+
+def client_runner(listen: str) -> Running:
+    return Running(["conformance", "client", listen, "--timeout", "240"], r"conformance runner on (\S+)")
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_the_python_client_passes_the_conformance_runner(tmp_path, transport):
+    runner = client_runner("tcp://127.0.0.1:0" if transport == "tcp" else f"unix://{tmp_path}/r.sock")
+    try:
+        assert asyncio.run(conformance.drive(runner.address)) == []
+        assert runner.proc.wait(timeout=120) == 0, runner.output()
+        assert f"{len(WIRE['client'])} cases, 0 failed" in runner.output()
+    finally:
+        runner.stop()
+
+
+def test_the_rust_client_passes_the_conformance_runner():
+    runner = client_runner("tcp://127.0.0.1:0")
+    try:
+        out = run_conformance("drive", runner.address)
+        assert out.returncode == 0, out.stderr
+        assert runner.proc.wait(timeout=120) == 0, runner.output()
+    finally:
+        runner.stop()
+
+
+def test_a_driver_whose_client_misreports_fails_the_run(monkeypatch):
+    """Every outcome reported as a timeout: the runner refuses each, and exits non-zero."""
+    runner = client_runner("tcp://127.0.0.1:0")
+    try:
+
+        async def timed_out(address, call, timeout):
+            return {"timeout": "not really"}
+
+        monkeypatch.setattr(conformance, "play", timed_out)
+        refused = asyncio.run(conformance.drive(runner.address))
+        assert len(refused) == len(WIRE["client"])
+        assert runner.proc.wait(timeout=120) != 0
+    finally:
+        runner.stop()
 
 
 def check_exchange(address: str, case: dict) -> None:
@@ -184,3 +242,28 @@ def check_exchange(address: str, case: dict) -> None:
         last = messages.pop()
         assert (last["kind"], last["code"]) == ("goaway", case["then"]["goaway"])
     assert messages == case["answers"]
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [(True, b"abcd")] * 300,  # one size: the strided fast path
+        [(True, b"")] * 5,
+        [(True, b"abcd")] * 299 + [(True, b"abc")],  # the last differs: the general loop
+        [(True, b"abcd")] * 10 + [(False, 4, "no")] + [(True, b"abcd")] * 10,
+        [(True, bytes([1, 0, 0, 0, 0]))] * 3,  # payload bytes that look like item headers
+    ],
+)
+def test_batch_replies_decode_alike_on_every_path(items):
+    """A BatchReply between two other messages in one frame decodes to its items whichever
+    path reads it, and the messages after it still decode."""
+    body = [proto.ping_message(1), proto.batch_reply_message(9, items), proto.pong_message(2)]
+    want = [i[1] if i[0] else (i[1], i[2]) for i in items]
+    messages = decode_all(b"".join(proto.frames(body)))
+    assert [m[0] for m in messages] == [proto.PING, proto.BATCH_REPLY, proto.PONG]
+    assert messages[1][2] == want
+    # Cut short by one byte, the same frame is refused, not misread.
+    frame = proto.frames([proto.batch_reply_message(9, items)])[0]
+    broken = proto.frames([frame[4:-1]])[0]
+    with pytest.raises(WireError):
+        decode_all(broken)

@@ -48,7 +48,7 @@ def test_round_robin_by_weight_and_key_routing_agree_with_the_rust_controller(co
             assert [await svc.call(WHO, b"") for _ in expected] == expected
 
             # The controller's relay routes keys on its own (Rust) ring: the same instances.
-            keys = [f"user-{i}" for i in range(300)]
+            keys = [f"user-{i}" for i in range(10_000)]
             direct = await asyncio.gather(*(svc.call(WHO, b"", key=k) for k in keys))
             relayed = await asyncio.gather(*(registry.relay(WHO, b"", key=k) for k in keys))
             assert direct == relayed

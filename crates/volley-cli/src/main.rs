@@ -2,6 +2,7 @@
 //! run the search-engine testbed.
 
 mod bench;
+mod conformance;
 mod controller;
 mod echo;
 mod output;
@@ -138,6 +139,8 @@ enum Command {
     /// configuration's answers must agree (and match a brute-force scan on the synthetic
     /// corpus), or the command fails naming the first differing query.
     Testbed(testbed::TestbedArgs),
+    /// The wire-protocol conformance suite against a server or client under test.
+    Conformance(conformance::ConformanceArgs),
     /// One role process of `volley testbed --processes` (started by the testbed itself).
     #[command(hide = true)]
     TestbedRole(testbed::RoleArgs),
@@ -196,6 +199,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(BenchCommand { what: None, echo }) => bench::run(echo),
         Command::Testbed(args) => testbed::run(args).map_err(|e| e.to_string()),
+        Command::Conformance(args) => conformance::run(args),
         Command::TestbedRole(args) => testbed::role(args).map_err(|e| e.to_string()),
     };
     match result {

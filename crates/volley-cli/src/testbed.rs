@@ -25,6 +25,12 @@ pub enum CodecArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+pub enum PythonRole {
+    /// Linguistic analysis (`la`/`analyze`).
+    La,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 pub enum TransportArg {
     Inproc,
     Unix,
@@ -76,6 +82,14 @@ pub struct TestbedArgs {
     /// or shm.
     #[arg(long)]
     processes: bool,
+    /// Run the LA role as a Python process (`python -m volley.testbed_la`, from
+    /// clients/python), the other roles in Rust: a mixed system end to end. Needs
+    /// --processes and --codec general (the fast tier, bitcode, is Rust's only).
+    #[arg(long, value_enum, requires = "processes")]
+    python_role: Option<PythonRole>,
+    /// The Python interpreter for --python-role (with the volley package installed).
+    #[arg(long, default_value = "python3", requires = "python_role")]
+    python: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -98,6 +112,9 @@ pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(d) => CorpusSpec::Dir(d.clone()),
         None => CorpusSpec::Synthetic { docs: a.docs, seed: a.seed },
     };
+    if a.python_role.is_some() && !matches!(a.codec, Some(CodecArg::General)) {
+        return Err("--python-role needs --codec general: the fast tier (bitcode) has no Python codec".into());
+    }
     let single_config = a.mode.is_some() || a.batch.is_some() || a.single || a.codec.is_some();
     let configs = if single_config {
         let config = Config {
@@ -124,6 +141,12 @@ pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
         query_seed: a.seed,
         processes: a.processes,
         exe: None,
+        role_commands: match a.python_role {
+            Some(PythonRole::La) => {
+                vec![("la".into(), vec![a.python.clone(), "-m".into(), "volley.testbed_la".into()])]
+            }
+            None => Vec::new(),
+        },
         progress: !a.json,
     };
     let report = volley_testbed::run(&setup, &configs)?;

@@ -165,6 +165,7 @@ mod tests {
             query_seed: 1,
             processes: false,
             exe: None,
+            role_commands: Vec::new(),
             progress: false,
         };
         let report = Report {

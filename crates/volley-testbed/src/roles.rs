@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
-use volley::codec::Bitcode;
+use volley::codec::Json;
 use volley::registry::{HashRing, Mode, Registration, Registry, ServiceConfig, hash_key};
 use volley::{CallOptions, Code, Method, Server, ServiceClient, Status};
 
@@ -125,10 +125,11 @@ pub trait Main<C: Codec> {
     async fn search(&self, req: C::W<SearchReq>) -> Result<C::W<SearchResp>, Status>;
 }
 
-/// The counters of a role's server (always in the fast tier: it is the driver's, not the
-/// testbed's traffic). The same method under every role's service name, so it is declared at
-/// the level below the traits: a `Method` per service name.
-pub fn stats(service: &'static str) -> Method<Bitcode<Empty>, Bitcode<Counts>> {
+/// The counters of a role's server (always in the JSON tier, whatever the run's: it is the
+/// driver's, not the testbed's traffic, and a role written in another language answers it
+/// too). The same method under every role's service name, so it is declared at the level
+/// below the traits: a `Method` per service name.
+pub fn stats(service: &'static str) -> Method<Json<Empty>, Json<Counts>> {
     Method::new(service, "stats")
 }
 
@@ -251,7 +252,7 @@ pub async fn start<C: Codec>(
         let slot = slot.clone();
         builder
             .handle_fn(&stats(role.service()), move |_| {
-                Ok(Bitcode(slot.lock().unwrap().as_ref().map(Counts::of).unwrap_or_default()))
+                Ok(Json(slot.lock().unwrap().as_ref().map(Counts::of).unwrap_or_default()))
             })
             .build()
     };

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use volley::ServiceClient;
-use volley::codec::Bitcode;
+use volley::codec::Json;
 use volley::registry::{Controller, ControllerConfig, Mode, ServiceConfig};
 
 use crate::codec::{Codec, CodecKind, Fast, General};
@@ -110,6 +110,10 @@ pub struct Setup {
     pub processes: bool,
     /// The executable to start roles with (default: this one).
     pub exe: Option<PathBuf>,
+    /// Roles started with another command instead (a role written in another language): the
+    /// role's name (`la`, `main` ...) and the command line, to which the role arguments of
+    /// [`ROLE_SUBCOMMAND`] are appended. Only with `processes`.
+    pub role_commands: Vec<(String, Vec<String>)>,
     /// Show a progress bar (only drawn when stderr is a terminal).
     pub progress: bool,
 }
@@ -241,7 +245,7 @@ impl Roles {
             Roles::Here(roles) => roles.iter().for_each(|r| total.add(&Counts::of(&r.server))),
             Roles::Children { stats, .. } => {
                 for service in [roles::DOCUMENT, roles::LA, roles::INDEX, roles::MAIN] {
-                    for g in stats.scatter(&roles::stats(service), Bitcode(Empty {})).await? {
+                    for g in stats.scatter(&roles::stats(service), Json(Empty {})).await? {
                         total.add(&g.result?.0);
                     }
                 }
@@ -357,18 +361,29 @@ async fn start_children(
     };
     let mut children = Vec::new();
     for role in Role::all(setup.shards) {
-        let mut cmd = tokio::process::Command::new(&exe);
-        cmd.arg(ROLE_SUBCOMMAND)
-            .args([
-                "--role",
-                &role.name(),
-                "--registry",
-                &settings.registry,
-                "--listen",
-                &addrs.of(&role.name()),
-            ])
-            .args(["--mode", mode_name(config.mode), "--batch", &config.batch.to_string()])
-            .args(["--codec", config.codec.name()]);
+        let own = setup.role_commands.iter().find(|(name, line)| *name == role.name() && !line.is_empty());
+        let mut cmd = match own {
+            Some((_, line)) => {
+                let mut cmd = tokio::process::Command::new(&line[0]);
+                cmd.args(&line[1..]);
+                cmd
+            }
+            None => {
+                let mut cmd = tokio::process::Command::new(&exe);
+                cmd.arg(ROLE_SUBCOMMAND);
+                cmd
+            }
+        };
+        cmd.args([
+            "--role",
+            &role.name(),
+            "--registry",
+            &settings.registry,
+            "--listen",
+            &addrs.of(&role.name()),
+        ])
+        .args(["--mode", mode_name(config.mode), "--batch", &config.batch.to_string()])
+        .args(["--codec", config.codec.name()]);
         match &setup.corpus {
             CorpusSpec::Synthetic { docs, seed } => {
                 cmd.args(["--docs", &docs.to_string(), "--seed", &seed.to_string()]);
@@ -378,8 +393,10 @@ async fn start_children(
             }
         }
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).kill_on_drop(true);
-        let child =
-            cmd.spawn().map_err(|e| TestbedError::Process(format!("start {}: {e}", exe.display())))?;
+        let child = cmd.spawn().map_err(|e| {
+            let program = own.map_or_else(|| exe.display().to_string(), |(_, line)| line.join(" "));
+            TestbedError::Process(format!("start {program}: {e}"))
+        })?;
         children.push(Child { name: role.name(), child });
     }
     // Every role prints "ready ADDRESS" once it serves and is registered.

@@ -15,6 +15,7 @@ fn setup() -> Setup {
         query_seed: 5,
         processes: false,
         exe: None,
+        role_commands: Vec::new(),
         progress: false,
     }
 }

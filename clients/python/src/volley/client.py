@@ -28,7 +28,7 @@ from .errors import (
     ClosedError,
     CodecError,
     ConnectionLostError,
-    ProtocolError,
+    ProtocolViolationError,
     TooLargeError,
     error_for,
 )
@@ -201,7 +201,6 @@ class Client:
         deadline = asyncio.get_running_loop().time() + budget
         room = _chunk_room(method)
         results, payloads = _encoded(method, list(requests), room)
-        positions = [i for i, r in enumerate(results) if r is None]
         conn = await self._connection()
         await conn.writable()
         flags = proto.FLAG_IDEMPOTENT if idempotent else 0
@@ -218,9 +217,9 @@ class Client:
         decoded = []
         for (_, _, start, end), outcome in zip(chunks, outcomes):
             decoded += _decoded(method, _items(outcome, end - start))
-        if len(positions) == len(results):
+        if results is None:  # every request was sent
             return decoded
-        for k, value in zip(positions, decoded):
+        for k, value in zip((i for i, r in enumerate(results) if r is None), decoded):
             results[k] = value
         return results
 
@@ -292,15 +291,15 @@ def _chunk_room(method: Method) -> int:
     return MAX_FRAME_LEN - (16 + len(method.names) + 2 + 255)
 
 
-def _encoded(method: Method, requests: list[Any], room: int) -> tuple[list[Any], list[bytes]]:
+def _encoded(method: Method, requests: list[Any], room: int) -> tuple[list[Any] | None, list[bytes]]:
     """The payloads that can be sent, and one slot per request: ``None`` where its payload
     is among them, the exception it failed with otherwise (a value that does not encode, an
-    item too large for a frame)."""
+    item too large for a frame). The slots are ``None`` themselves when every request went."""
     encode = method.request.encode
     try:
-        payloads = [encode(r) for r in requests]
+        payloads = method.request.encode_many(requests)
         if not payloads or 4 + max(map(len, payloads)) <= room:
-            return [None] * len(payloads), payloads
+            return None, payloads
     except CodecError:
         pass
     results: list[Any] = []
@@ -344,7 +343,7 @@ def _items(outcome: Any, n: int) -> list[Any]:
         return [outcome] * n
     items = list(outcome[:n])
     if len(items) < n:
-        missing = ProtocolError(f"the batch reply has {len(outcome)} items for {n} requests")
+        missing = ProtocolViolationError(f"the batch reply has {len(outcome)} items for {n} requests")
         items.extend([missing] * (n - len(items)))
     return items
 
@@ -353,6 +352,8 @@ def _decoded(method: Method, items: list[Any]) -> list[Any]:
     """Each item's result: the decoded reply, or the exception it ended with."""
     decode = method.reply.decode
     try:
+        if set(map(type, items)) <= {bytes}:  # no item failed: the common case, checked in C
+            return method.reply.decode_many(items)
         return [decode(i) if type(i) is bytes else _failed(i) for i in items]
     except CodecError:
         return [_decoded_one(decode, i) for i in items]

@@ -18,7 +18,7 @@ from .outbox import Outbox
 from .errors import (
     Code,
     ConnectionLostError,
-    ProtocolError,
+    ProtocolViolationError,
     UnauthenticatedError,
     code_name,
     error_for,
@@ -145,14 +145,14 @@ class Connection(asyncio.Protocol):
             if code == Code.UNAUTHENTICATED:
                 return UnauthenticatedError(message)
             if code == Code.PROTOCOL:
-                return ProtocolError(f"the server closed the connection: {message}")
+                return ProtocolViolationError(f"the server closed the connection: {message}")
             return ConnectionLostError(f"{self.dead}; the connection closed", goaway_code=code)
         why = f": {exc}" if exc else ""
         return ConnectionLostError(f"the connection closed before an answer{why}")
 
     def _protocol_failure(self, reason: str) -> None:
         """The server sent bytes that break the protocol (§10): fail everything, say why, close."""
-        self.failure = ProtocolError(f"the server broke the protocol: {reason}")
+        self.failure = ProtocolViolationError(f"the server broke the protocol: {reason}")
         self.dead = str(self.failure)
         if self.transport is not None and not self.transport.is_closing():
             frame = proto.frames([proto.goaway_message(Code.PROTOCOL, reason)])[0]

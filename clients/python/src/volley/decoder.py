@@ -183,6 +183,9 @@ class Decoder:
             raise WireError(f"batch message carries more than {self.max_batch_items} items")
         pos += 12
         end = len(b)
+        uniform = _uniform_ok_items(b, pos, count, end)
+        if uniform is not None:
+            return (BATCH_REPLY, rid, uniform[0]), uniform[1]
         items: list = []
         append = items.append
         u32, code_len = _U32, _CODE_LEN
@@ -203,6 +206,29 @@ class Decoder:
                 raise WireError(f"malformed message: unknown batch item status 0x{status:02x}")
             pos = stop
         return (BATCH_REPLY, rid, items), pos
+
+
+def _uniform_ok_items(b: bytes, pos: int, count: int, end: int) -> tuple[list[bytes], int] | None:
+    """The items of a BatchReply whose items all succeeded with payloads of one size (the
+    usual reply to a batch of numbers, ids or hashes), cut with C-speed strided slices; or
+    ``None`` when the items are not all alike (then the general loop reads them). Returns
+    the items and where the message ends."""
+    if count == 0:
+        return [], pos
+    if pos + 5 > end or b[pos] != 0:
+        return None
+    n = _U32(b, pos + 1)[0]
+    stride = 5 + n
+    stop = pos + count * stride
+    if stop > end:
+        return None
+    header = b[pos : pos + 5]
+    # Every item's status byte and length equal the first's: each of the five header bytes,
+    # taken at the stride, is one repeated byte.
+    for k in range(5):
+        if b[pos + k : stop : stride] != bytes([header[k]]) * count:
+            return None
+    return [b[i : i + n] for i in range(pos + 5, pos + 5 + count * stride, stride)], stop
 
 
 def _past(b: bytes, end: int) -> int:

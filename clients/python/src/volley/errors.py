@@ -82,6 +82,12 @@ TooLargeError = _remote("TooLargeError", Code.TOO_LARGE, "A message exceeded a s
 _BY_CODE = {cls.code: cls for cls in RemoteError.__subclasses__()}
 
 
+class ProtocolViolationError(ProtocolError):
+    """The connection ended on a protocol error (§10) rather than on an Error reply: this side
+    found the server's bytes broken, or the server went away with ``GoAway(Protocol)``. A
+    ``ProtocolError`` like an Error reply with code 12, so one ``except`` catches both."""
+
+
 def error_for(code: int, message: str = "") -> RemoteError:
     """The exception for an Error message (or a GoAway) with ``code``."""
     cls = _BY_CODE.get(code)

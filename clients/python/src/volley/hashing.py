@@ -1,8 +1,10 @@
 """Key routing: the stable key hash (PROTOCOL.md §15.2) and the hash ring (§16.6).
 
-``stable_hash(key)`` is xxh3-64 (seed 0, the ``xxhash`` package, which wraps xxHash's C
-library) over the key's canonical bytes, so a key goes to the same instance from Python as
-from Rust. Canonical bytes are defined for:
+``stable_hash(key)`` is xxh3-64 (seed 0) over the key's canonical bytes, so a key goes to the
+same instance from Python as from Rust. The hash is this package's own pure-Python XXH3
+(``volley.xxh3``); when the optional ``xxhash`` package (xxHash's C library) is installed it
+is used instead (a short key costs microseconds in pure Python, a 1 KiB key about 0.3 ms; the C
+library well under one): both give the same numbers. Canonical bytes are defined for:
 
 - ``bytes`` (and ``bytearray``, ``memoryview``): the bytes themselves; ``str``: its UTF-8;
 - ``bool``: one byte; ``None`` (Rust's ``()``): no bytes;
@@ -19,7 +21,19 @@ import bisect
 import struct
 from typing import Any, Sequence
 
-from xxhash import xxh3_64_intdigest
+from .xxh3 import xxh3_64
+
+try:
+    from xxhash import xxh3_64_intdigest as _fast_xxh3_64
+except ImportError:  # the standard library is enough: the pure form below serves
+    _fast_xxh3_64 = None
+
+
+def xxh3(data: bytes, seed: int = 0) -> int:
+    """XXH3-64 of ``data`` with ``seed``: the C library if installed, else the pure form."""
+    if _fast_xxh3_64 is not None:
+        return _fast_xxh3_64(data, seed)
+    return xxh3_64(data, seed)
 
 VNODES_PER_WEIGHT = 128
 MAX_RING_WEIGHT = 64
@@ -50,7 +64,7 @@ def canonical_bytes(key: Any) -> bytes:
 
 def stable_hash(key: Any) -> int:
     """The routing hash of ``key`` (§15.2): the same number in every language and process."""
-    return xxh3_64_intdigest(canonical_bytes(key))
+    return xxh3(canonical_bytes(key))
 
 
 class HashRing:
@@ -61,7 +75,7 @@ class HashRing:
         for i, (address, weight) in enumerate(nodes):
             name = address.encode()
             for v in range(VNODES_PER_WEIGHT * min(max(weight, 1), MAX_RING_WEIGHT)):
-                points.append((xxh3_64_intdigest(name, seed=v), i))
+                points.append((xxh3(name, v), i))
         points.sort()
         self._points = [p for p, _ in points]
         self._owners = [i for _, i in points]

@@ -9,9 +9,20 @@ import asyncio
 from . import proto
 
 
+class Counters:
+    """Traffic of a server's connections: messages and bytes (frame headers included, the
+    preamble not), each way."""
+
+    __slots__ = ("messages_sent", "messages_received", "bytes_sent", "bytes_received")
+
+    def __init__(self) -> None:
+        self.messages_sent = self.messages_received = self.bytes_sent = self.bytes_received = 0
+
+
 class Outbox:
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, counters: Counters | None = None):
         self.loop = loop
+        self.counters = counters
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._scheduled = False
@@ -35,4 +46,8 @@ class Outbox:
         out, self._out = self._out, []
         t = self.transport
         if out and t is not None and not t.is_closing():
-            t.write(b"".join(proto.frames(out)))
+            data = b"".join(proto.frames(out))
+            t.write(data)
+            if self.counters is not None:
+                self.counters.messages_sent += len(out)
+                self.counters.bytes_sent += len(data)

@@ -135,6 +135,11 @@ def batch_request_message(
 ) -> bytes:
     pack = _U32.pack
     head = addressed(BATCH_REQUEST, flags, rid, names, ext) + pack(len(payloads))
+    sizes = set(map(len, payloads))
+    if len(sizes) == 1:
+        # Items of one size (numbers, ids, hashes ...) share their length prefix: one join.
+        prefix = pack(sizes.pop())
+        return head + prefix + prefix.join(payloads)
     # Each item's length, then the item: interleaved at C speed (this is the per-item cost).
     return head + b"".join(chain.from_iterable(zip(map(pack, map(len, payloads)), payloads)))
 

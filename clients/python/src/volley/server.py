@@ -24,6 +24,7 @@ from typing import Any, Callable
 from .address import Address, parse
 from .codec import Method
 from .errors import Code, CodecError, RemoteError, UsageError
+from .outbox import Counters
 from .registry import InstanceSpec, Lease, Registry
 from .server_connection import ServerConnection
 
@@ -108,6 +109,8 @@ class Server:
         self._listeners: list[asyncio.base_events.Server] = []
         self._leases: list[tuple[Registry, Lease]] = []
         self.closing = False
+        # Messages and bytes sent and received on every connection, since the start.
+        self.counters = Counters()
 
     def handle(self, method: Method, handler: Handler) -> "Server":
         """Serves ``method`` one request at a time: ``handler(request) -> reply``."""

@@ -34,7 +34,7 @@ class ServerConnection(asyncio.Protocol):
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.outbox = Outbox(self.loop)
+        self.outbox = Outbox(self.loop, server.counters)
         self.decoder = Decoder()
         self._head = b""
         self.preamble_done = False
@@ -42,6 +42,8 @@ class ServerConnection(asyncio.Protocol):
         # Handler runs not finished yet: their answers are still to come.
         self.tasks: set[asyncio.Task] = set()
         self.stopped = False  # reads nothing more (a GoAway is on its way, or the peer closed)
+        self.leaving = False  # a GoAway is on its way
+        self.goaway_sent = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -52,7 +54,7 @@ class ServerConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.write(proto.preamble(proto.FEATURE_EXTENSIONS))
         if self.server.closing:
-            self._spawn(self.go_away(Code.SHUTTING_DOWN, "server is shutting down"))
+            self._leave(Code.SHUTTING_DOWN, "server is shutting down")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stopped = True
@@ -70,9 +72,12 @@ class ServerConnection(asyncio.Protocol):
                 data, self._head, self.preamble_done = self._head[proto.PREAMBLE_LEN :], b"", True
             self.decoder.feed(data)
             messages = self.decoder.messages()
+            counters = self.server.counters
+            counters.bytes_received += len(data)
+            counters.messages_received += len(messages)
         except WireError as e:
             self._dispatch(e.before)
-            self._spawn(self.go_away(Code.PROTOCOL, str(e)))
+            self._leave(Code.PROTOCOL, str(e))
             return
         self._dispatch(messages)
 
@@ -113,7 +118,7 @@ class ServerConnection(asyncio.Protocol):
             elif kind in (REPLY, ERROR, BATCH_REPLY):
                 if run:
                     self._serve_run(run)
-                self._spawn(self.go_away(Code.PROTOCOL, "malformed message: a client sent a reply to the server"))
+                self._leave(Code.PROTOCOL, "malformed message: a client sent a reply to the server")
                 return
             # Cancel (advisory), Pong, a client's GoAway and a later Auth change nothing (§9).
         if run:
@@ -128,7 +133,7 @@ class ServerConnection(asyncio.Protocol):
             if m[0] == AUTH
             else "this server requires a token (none was presented)"
         )
-        self._spawn(self.go_away(Code.UNAUTHENTICATED, why))
+        self._leave(Code.UNAUTHENTICATED, why)
 
     def _serve_run(self, run: list[tuple]) -> None:
         route = self.server.route(run[0][3], run[0][4])
@@ -177,6 +182,13 @@ class ServerConnection(asyncio.Protocol):
 
     # -- closing -----------------------------------------------------------------------------
 
+    def _leave(self, code: int, message: str) -> None:
+        """Stops reading at once (the rest of this read is not served either) and sends one
+        GoAway: a second reason found before the first GoAway went out changes nothing."""
+        if not self.leaving:
+            self.leaving = self.stopped = True
+            self._spawn(self.go_away(code, message))
+
     async def go_away(self, code: int, message: str) -> None:
         """Stops reading, answers what was read, sends the GoAway, shuts the write side and
         closes after a short linger (§9.6.2, §10)."""
@@ -184,6 +196,9 @@ class ServerConnection(asyncio.Protocol):
             return
         self.stopped = True
         await self._drain_handlers()
+        if self.goaway_sent:  # a shutdown and a protocol error can both end a connection
+            return
+        self.goaway_sent = True
         self.outbox.send(proto.goaway_message(code, message))
         self.outbox.flush()
         t = self.transport

@@ -1,0 +1,83 @@
+"""The Python client's driver for the conformance suite's client side.
+
+``volley conformance client ADDR`` (the Rust runner) listens at ADDR and plays the server's
+side of the cases of tests/conformance/wire.json. This driver asks it for each case's call
+(``conformance``/``next``), makes that call with a fresh ``Client`` (so on a fresh
+connection), and reports how it ended (``conformance``/``report``): ``{"ok": hex}``,
+``{"code": n}`` for an error reply, ``{"timeout": text}``, ``{"failed": text}`` for any other
+failure, or ``{"items": [...]}`` for a batch. Run it as::
+
+    python -m volley.conformance tcp://127.0.0.1:PORT
+
+It exits with status 1 if the runner refused any outcome (the runner prints which and why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from .client import Client
+from .codec import Method
+from .errors import CallTimeoutError, ProtocolViolationError, RemoteError, VolleyError
+
+NEXT = Method("conformance", "next")
+REPORT = Method("conformance", "report")
+
+
+def outcome(result: object) -> dict:
+    """The report form of one call's (or one batch item's) result."""
+    if isinstance(result, bytes):
+        return {"ok": result.hex()}
+    if isinstance(result, RemoteError) and not isinstance(result, ProtocolViolationError):
+        return {"code": result.code}
+    if isinstance(result, CallTimeoutError):
+        return {"timeout": str(result)}
+    return {"failed": f"{type(result).__name__}: {result}"}
+
+
+async def play(address: str, call: dict, timeout: float) -> dict:
+    method = Method(call["service"], call["method"])
+    try:
+        client = await Client.connect(address, timeout=timeout)
+    except (VolleyError, OSError) as e:
+        return {"failed": f"connecting: {e}"}
+    try:
+        if "items" in call:
+            results = await client.call_batch(method, [bytes.fromhex(i) for i in call["items"]])
+            return {"items": [outcome(r) for r in results]}
+        try:
+            return outcome(await client.call(method, bytes.fromhex(call["payload"])))
+        except VolleyError as e:
+            return outcome(e)
+    finally:
+        await client.close()
+
+
+async def drive(address: str, timeout: float = 30.0) -> list[str]:
+    """Plays every case the runner at ``address`` hands out; returns the refused ones."""
+    refused = []
+    async with await Client.connect(address) as control:
+        while case := await control.call(NEXT, b""):
+            call = json.loads(case)
+            report = await play(address, call, timeout)
+            try:
+                await control.call(REPORT, json.dumps(report).encode())
+            except RemoteError as e:
+                refused.append(f"{call['name']}: {e.message}")
+    return refused
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m volley.conformance ADDR  (a `volley conformance client` runner)", file=sys.stderr)
+        return 2
+    refused = asyncio.run(drive(argv[0]))
+    for line in refused:
+        print(f"refused: {line}", file=sys.stderr)
+    return 1 if refused else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

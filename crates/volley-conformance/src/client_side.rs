@@ -1,0 +1,237 @@
+//! The client side of the suite: the runner listens and plays the server's side of the
+//! `client` cases against a client under test.
+//!
+//! A client cannot be told from outside what to call, so the client under test runs a small
+//! *driver* (this crate's [`driver`](crate::driver) for Rust, `python -m volley.conformance`
+//! for Python) that uses the client itself to ask the runner. On one connection it calls
+//! `conformance`/`next` (raw bytes), which answers the next case's call as JSON (empty when
+//! none is left); it makes that call with a fresh client (so a fresh connection); the runner
+//! checks the request it receives and answers as the case says (replies, errors, a GoAway, a
+//! close or bad bytes); the driver then reports how the call ended with
+//! `conformance`/`report`, and the runner compares that with the case's `outcome`.
+//! tests/conformance/README.md has the case format and the driver's JSON.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+use volley::proto::{Code, Decoder, FrameBuilder, Limits, Message, decode_frame};
+
+use crate::json::{build, str_of, to_json, unhex};
+use crate::stream::{BoxStream, Listener};
+use crate::{Report, wire};
+
+/// The service name of the driver's calls to the runner.
+pub const CONTROL: &str = "conformance";
+
+// The runner announces no features (PREAMBLE), so a client must send it no extensions.
+use volley::proto::PREAMBLE;
+
+/// Where the cases stand, shared by the runner's connections.
+#[derive(Default)]
+struct State {
+    cases: Vec<Value>,
+    next: usize,
+    /// The case handed out last, and whether its call arrived.
+    current: Option<(usize, bool)>,
+    results: Vec<Option<Result<(), String>>>,
+}
+
+/// A bound runner, waiting for a driver.
+pub struct ClientSide {
+    listener: Listener,
+}
+
+impl ClientSide {
+    /// Listens at `addr` (`tcp://HOST:PORT`, port 0 for any, or `unix:///PATH`).
+    pub async fn bind(addr: &str) -> Result<ClientSide, String> {
+        Ok(ClientSide { listener: Listener::bind(addr).await? })
+    }
+
+    /// The address a driver connects to.
+    pub fn address(&self) -> String {
+        self.listener.address()
+    }
+
+    /// Serves drivers until one has asked past the last case, or `timeout` passed; cases no
+    /// driver reported fail.
+    pub async fn serve(self, timeout: Duration) -> Report {
+        let cases: Vec<Value> = wire()["client"].as_array().cloned().unwrap_or_default();
+        let results = vec![None; cases.len()];
+        let state = Arc::new(Mutex::new(State { cases, results, ..State::default() }));
+        let done = Arc::new(Notify::new());
+        let accept = async {
+            while let Ok(stream) = self.listener.accept().await {
+                let (state, done) = (state.clone(), done.clone());
+                tokio::spawn(async move {
+                    // A connection that breaks the protocol ends; the case it was playing fails
+                    // through its driver's report, so the error itself needs no other home.
+                    let _ = connection(stream, &state, &done).await;
+                });
+            }
+        };
+        tokio::select! {
+            _ = accept => {}
+            _ = done.notified() => {}
+            _ = tokio::time::sleep(timeout) => {}
+        }
+        let state = state.lock().expect("state");
+        let cases = state.cases.iter().zip(&state.results).map(|(case, result)| {
+            let result = result.clone().unwrap_or_else(|| Err(format!("no report within {timeout:?}")));
+            (str_of(case, "name").to_string(), result)
+        });
+        Report { cases: cases.collect() }
+    }
+}
+
+/// One connection: control calls and case calls, until the peer closes or a case closes it.
+async fn connection(mut stream: BoxStream, state: &Mutex<State>, done: &Notify) -> Result<(), String> {
+    let io = |e: std::io::Error| e.to_string();
+    stream.write_all(&PREAMBLE).await.map_err(io)?;
+    let (limits, mut buf) = (Limits::default(), BytesMut::new());
+    let mut decoder = Decoder::new(limits);
+    loop {
+        while let Some(body) = decoder.next_frame(&mut buf).map_err(|e| e.to_string())? {
+            let mut messages = Vec::new();
+            decode_frame(&body, &limits, &mut messages).map_err(|e| e.to_string())?;
+            for m in &messages {
+                let answer = answer(m, state, done);
+                stream.write_all(&answer.bytes).await.map_err(io)?;
+                if answer.close {
+                    return stream.shutdown().await.map_err(io);
+                }
+            }
+        }
+        if stream.read_buf(&mut buf).await.map_err(io)? == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// The bytes that answer one message, and whether the connection closes after them.
+struct Answer {
+    bytes: Vec<u8>,
+    close: bool,
+}
+
+fn answer(m: &Message, state: &Mutex<State>, done: &Notify) -> Answer {
+    let mut fb = FrameBuilder::new(Limits::default());
+    let (mut before, mut raw, mut close) = (Vec::new(), Vec::new(), false);
+    match m {
+        Message::Ping { token } => fb.pong(*token),
+        Message::Request { id, service, method, payload, .. } if service.as_ref() == CONTROL.as_bytes() => {
+            let mut state = state.lock().expect("state");
+            let result = match method.as_ref() {
+                b"next" => Ok(next(&mut state, done)),
+                b"report" => report(&mut state, payload),
+                _ => Err((Code::UnknownMethod, "the runner has the methods next and report".to_string())),
+            };
+            match result {
+                Ok(reply) => fb.reply_bytes(*id, reply).expect("a small reply"),
+                Err((code, message)) => fb.error(*id, code, &message),
+            }
+        }
+        Message::Request { id, .. } | Message::BatchRequest { id, .. } => {
+            let mut state = state.lock().expect("state");
+            match play_case(&mut state, m, *id, &mut fb) {
+                Ok(case) => {
+                    let bytes =
+                        |field| case.get(field).and_then(Value::as_str).map(unhex).unwrap_or_default();
+                    (before, raw) = (bytes("before"), bytes("raw"));
+                    close = case["then"] == "close";
+                }
+                Err(e) => fb.error(*id, Code::BadRequest, &e),
+            }
+        }
+        _ => {}
+    }
+    let mut segments = Vec::new();
+    fb.take_into(&mut segments);
+    let bytes = [before, segments.concat(), raw].concat();
+    Answer { bytes, close }
+}
+
+/// The next case's call for the driver (empty when none is left: the run is over).
+fn next(state: &mut State, done: &Notify) -> Bytes {
+    if let Some((i, _)) = state.current.take() {
+        state.results[i].get_or_insert(Err("the driver asked for the next case without reporting".into()));
+    }
+    let Some(case) = state.cases.get(state.next) else {
+        done.notify_one();
+        return Bytes::new();
+    };
+    state.current = Some((state.next, false));
+    state.next += 1;
+    let mut call = case["call"].clone();
+    call["name"] = case["name"].clone();
+    Bytes::from(call.to_string())
+}
+
+/// Compares the driver's report with the current case's outcome.
+fn report(state: &mut State, payload: &Bytes) -> Result<Bytes, (Code, String)> {
+    let got: Value = serde_json::from_slice(payload)
+        .map_err(|e| (Code::BadRequest, format!("a report is a JSON object: {e}")))?;
+    let Some((i, called)) = state.current.take() else {
+        return Err((Code::BadRequest, "a report with no case handed out".into()));
+    };
+    let want = &state.cases[i]["outcome"];
+    let result = if !called {
+        Err(format!("reported {got} without making the call"))
+    } else if outcome_matches(want, &got) {
+        Ok(())
+    } else {
+        Err(format!("expected the outcome {want}, the driver reported {got}"))
+    };
+    state.results[i] = Some(result.clone());
+    result.map(|()| Bytes::new()).map_err(|e| (Code::Application, e))
+}
+
+/// Whether a reported outcome is the expected one: `failed` matches any failure (its text is
+/// the client's own), `items` item by item, the rest exactly.
+fn outcome_matches(want: &Value, got: &Value) -> bool {
+    if want.get("failed").is_some() {
+        return got.get("failed").is_some();
+    }
+    match (want.get("items"), got.get("items")) {
+        (Some(Value::Array(w)), Some(Value::Array(g))) => {
+            w.len() == g.len() && w.iter().zip(g).all(|(w, g)| outcome_matches(w, g))
+        }
+        _ => want == got,
+    }
+}
+
+/// Checks a case's call against the current case and appends the case's answers (with the
+/// call's id where they say `"call"`); returns the case.
+fn play_case<'a>(
+    state: &'a mut State,
+    m: &Message,
+    id: u64,
+    fb: &mut FrameBuilder,
+) -> Result<&'a Value, String> {
+    let (i, called) = state.current.as_mut().ok_or("a call before the driver asked for a case")?;
+    *called = true;
+    let case = &state.cases[*i];
+    let got = to_json(m);
+    if got["flags"].as_u64().unwrap_or(0) & 0x02 != 0 {
+        return Err("request extensions sent to a server that did not announce them (§4.4)".into());
+    }
+    let want = &case["call"];
+    let kind = if want.get("items").is_some() { "batch_request" } else { "request" };
+    let fields = ["service", "method", "payload", "items"];
+    let same =
+        got["kind"] == kind && fields.iter().all(|f| want.get(f).is_none() || want.get(f) == got.get(f));
+    if !same {
+        return Err(format!("expected the call {want}, got {got}"));
+    }
+    for answer in case["answers"].as_array().into_iter().flatten() {
+        let mut answer = answer.clone();
+        if answer["id"] == "call" {
+            answer["id"] = json!(id);
+        }
+        build(fb, &answer);
+    }
+    Ok(case)
+}
