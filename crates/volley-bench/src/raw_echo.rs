@@ -443,7 +443,9 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             warmup: std::time::Duration::from_millis(20),
-            duration: std::time::Duration::from_millis(100),
+            // Long enough for a 4 MiB bundle to come back inside it many times over, even in a
+            // debug build on a loaded machine (only bundles that end inside the window count).
+            duration: std::time::Duration::from_secs(1),
             rate: None,
             chunk_size: 1,
             chunk_window: 1,
@@ -460,7 +462,9 @@ mod tests {
             Scenario { kind: crate::runner::Kind::Throughput, concurrency: 1024, payload: 4096, requests: 0 };
         for transport in ["unix", "tcp"] {
             let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || tx.send(bundled(transport, sc, &settings())));
+            std::thread::spawn(move || {
+                let _ = tx.send(bundled(transport, sc, &settings()));
+            });
             let s = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("no deadlock").unwrap();
             assert_eq!(s.errors, 0, "{transport}: {s:?}");
             assert!(s.calls > 0 && s.calls.is_multiple_of(1024), "{transport}: whole bundles: {s:?}");
