@@ -202,7 +202,9 @@ fn ratio_cell(volley: Option<Best>, peer: Option<Best>, metric: Metric) -> Strin
 fn share_cell(volley: Option<Best>, raw: Option<Best>, metric: Metric) -> String {
     match (volley, raw) {
         (Some(v), Some(r)) if v.value > 0.0 && r.value > 0.0 => {
-            format!("{:.0}%", 100.0 * metric.ratio(v.value, r.value))
+            let pct = 100.0 * metric.ratio(v.value, r.value);
+            // Two significant digits down to 1%, and a small share does not read as zero.
+            if pct < 10.0 { format!("{pct:.1}%") } else { format!("{pct:.0}%") }
         }
         _ => "—".into(),
     }
