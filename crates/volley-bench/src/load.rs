@@ -140,12 +140,17 @@ fn merge(tallies: Vec<Tally>, seconds: f64) -> Result<Sample, String> {
         s.first_error = s.first_error.or(t.first_error);
     }
     s.calls_per_s = s.calls as f64 / seconds.max(f64::MIN_POSITIVE);
+    percentiles(&mut s, &hist);
+    Ok(s)
+}
+
+/// Fills the sample's latency percentiles from a histogram of nanoseconds (none if empty).
+pub fn percentiles(s: &mut Sample, hist: &Histogram<u64>) {
     if !hist.is_empty() {
         let us = |q: f64| Some(hist.value_at_quantile(q) as f64 / 1000.0);
         (s.p50_us, s.p99_us, s.p999_us) = (us(0.5), us(0.99), us(0.999));
         s.max_us = Some(hist.max() as f64 / 1000.0);
     }
-    Ok(s)
 }
 
 async fn join<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Result<Vec<T>, String> {

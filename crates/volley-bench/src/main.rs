@@ -3,6 +3,7 @@
 //! ratios to Volley. See this crate's README.md for the method.
 
 mod load;
+mod raw_echo;
 mod report;
 mod runner;
 mod tarpc_echo;
@@ -47,10 +48,10 @@ struct Args {
     /// Print one JSON object per (framework, transport, scenario, method) instead of the table.
     #[arg(long)]
     json: bool,
-    /// Frameworks to run.
-    #[arg(long, value_delimiter = ',', default_value = "volley,tonic,tarpc")]
+    /// Frameworks to run; `raw` is the ceiling with no framework (see the README).
+    #[arg(long, value_delimiter = ',', default_value = "volley,tonic,tarpc,raw")]
     frameworks: Vec<String>,
-    /// Transports to run (unix: Volley only; inproc: Volley and tarpc's in-process channel).
+    /// Transports to run (unix: Volley and raw; inproc: Volley and tarpc's in-process channel).
     #[arg(long, value_delimiter = ',', default_value = "tcp,unix,inproc")]
     transports: Vec<String>,
     /// Scenarios to run.
@@ -156,6 +157,26 @@ fn scenarios(a: &Args, requests: u64) -> Vec<Scenario> {
     out
 }
 
+/// The (runtime, method) measurements of target `t` in scenario `sc`, in the round's order
+/// of runtimes.
+fn plan(t: Target, sc: Scenario, flavors: &[Flavor], rate: Option<f64>) -> Vec<(Flavor, Method)> {
+    let mut out = Vec::new();
+    for &f in flavors {
+        for &m in t.methods(sc.kind) {
+            match m {
+                // Plain threads, so once per round whatever the runtimes; a closed loop by
+                // nature, so left out at a fixed rate.
+                Method::Bundled if rate.is_none() && !out.contains(&(Flavor::Threads, m)) => {
+                    out.push((Flavor::Threads, m))
+                }
+                Method::Bundled => {}
+                _ => out.push((f, m)),
+            }
+        }
+    }
+    out
+}
+
 /// Reads a `--samples-out` file back: the results and the number of rounds in it.
 fn replay(
     path: &std::path::Path,
@@ -219,9 +240,12 @@ fn run(a: Args) -> Result<bool, String> {
         cores: cores(&a)?,
     };
     for f in &a.frameworks {
-        if !["volley", "tonic", "tarpc"].contains(&f.as_str()) {
-            return Err(format!("unknown framework {f:?} (volley, tonic, tarpc)"));
+        if !["volley", "tonic", "tarpc", "raw"].contains(&f.as_str()) {
+            return Err(format!("unknown framework {f:?} (volley, tonic, tarpc, raw)"));
         }
+    }
+    if settings.rate.is_some() && a.frameworks.iter().any(|f| f == "raw") && a.replay.is_none() {
+        eprintln!("raw: the bundled echo has no fixed-rate form; its throughput rows are left out");
     }
     let targets: Vec<Target> = Target::ALL
         .into_iter()
@@ -279,75 +303,69 @@ fn run(a: Args) -> Result<bool, String> {
             let n = flavors.len();
             flavors.rotate_left(round % n);
             for &t in &order {
-                let methods: &[Method] =
-                    if sc.kind == Kind::Batch { t.batch_methods() } else { &[Method::Unary] };
-                for &f in &flavors {
-                    for &m in methods {
-                        let what = format!(
-                            "[{}/{rounds}] {:?} {}x{} B {} {}{}",
-                            round + 1,
-                            sc.kind,
-                            sc.concurrency,
-                            sc.payload,
-                            t.label(),
-                            f.short(),
-                            match m {
-                                Method::BidiStream => " (bidi stream)",
-                                Method::BatchHandler => " (batch handler)",
-                                _ => "",
-                            }
-                        );
-                        match runner::measure(t, f, sc, m, &settings) {
-                            Ok(s) => {
-                                let lat = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or("-".into());
-                                eprintln!(
-                                    "{what}: {:.0}/s p50 {} p99 {} us{}",
-                                    s.calls_per_s,
-                                    lat(s.p50_us),
-                                    lat(s.p99_us),
-                                    if s.missed > 0 {
-                                        format!(" ({} missed)", s.missed)
-                                    } else {
-                                        String::new()
-                                    }
-                                );
-                                if s.errors > 0 {
-                                    ok = false;
-                                    eprintln!(
-                                        "{what}: {} errors, first: {}",
-                                        s.errors,
-                                        s.first_error.as_deref().unwrap_or("?")
-                                    );
-                                }
-                                if let Some(file) = samples_out.as_mut() {
-                                    use std::io::Write;
-                                    let line = serde_json::json!({
-                                        "round": round + 1,
-                                        "framework": t.framework(),
-                                        "transport": t.transport(),
-                                        "scenario": sc.kind,
-                                        "payload": sc.payload,
-                                        "concurrency": sc.concurrency,
-                                        "method": m,
-                                        "runtime": f,
-                                        "calls": s.calls,
-                                        "calls_per_s": s.calls_per_s,
-                                        "p50_us": s.p50_us,
-                                        "p99_us": s.p99_us,
-                                        "p999_us": s.p999_us,
-                                        "max_us": s.max_us,
-                                        "cpu_us_per_call": s.cpu_us_per_call,
-                                        "errors": s.errors,
-                                        "missed": s.missed,
-                                    });
-                                    writeln!(file, "{line}").map_err(|e| e.to_string())?;
-                                }
-                                results.add((t, sc, m, f), s);
-                            }
-                            Err(e) => {
+                for (f, m) in plan(t, sc, &flavors, settings.rate) {
+                    let what = format!(
+                        "[{}/{rounds}] {:?} {}x{} B {} {}{}",
+                        round + 1,
+                        sc.kind,
+                        sc.concurrency,
+                        sc.payload,
+                        t.label(),
+                        f.short(),
+                        match m {
+                            Method::BidiStream => " (bidi stream)",
+                            Method::BatchHandler => " (batch handler)",
+                            Method::Bundled => " (bundled)",
+                            Method::PingPong => " (ping-pong)",
+                            _ => "",
+                        }
+                    );
+                    match runner::measure(t, f, sc, m, &settings) {
+                        Ok(s) => {
+                            let lat = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or("-".into());
+                            eprintln!(
+                                "{what}: {:.0}/s p50 {} p99 {} us{}",
+                                s.calls_per_s,
+                                lat(s.p50_us),
+                                lat(s.p99_us),
+                                if s.missed > 0 { format!(" ({} missed)", s.missed) } else { String::new() }
+                            );
+                            if s.errors > 0 {
                                 ok = false;
-                                eprintln!("{what}: failed: {e}");
+                                eprintln!(
+                                    "{what}: {} errors, first: {}",
+                                    s.errors,
+                                    s.first_error.as_deref().unwrap_or("?")
+                                );
                             }
+                            if let Some(file) = samples_out.as_mut() {
+                                use std::io::Write;
+                                let line = serde_json::json!({
+                                    "round": round + 1,
+                                    "framework": t.framework(),
+                                    "transport": t.transport(),
+                                    "scenario": sc.kind,
+                                    "payload": sc.payload,
+                                    "concurrency": sc.concurrency,
+                                    "method": m,
+                                    "runtime": f,
+                                    "calls": s.calls,
+                                    "calls_per_s": s.calls_per_s,
+                                    "p50_us": s.p50_us,
+                                    "p99_us": s.p99_us,
+                                    "p999_us": s.p999_us,
+                                    "max_us": s.max_us,
+                                    "cpu_us_per_call": s.cpu_us_per_call,
+                                    "errors": s.errors,
+                                    "missed": s.missed,
+                                });
+                                writeln!(file, "{line}").map_err(|e| e.to_string())?;
+                            }
+                            results.add((t, sc, m, f), s);
+                        }
+                        Err(e) => {
+                            ok = false;
+                            eprintln!("{what}: failed: {e}");
                         }
                     }
                 }
@@ -364,7 +382,9 @@ fn run(a: Args) -> Result<bool, String> {
     } else {
         println!(
             "Medians of {rounds} round(s); each framework at its best runtime (ct = current-thread, \
-             mt = one-worker multi-thread){}; ratios are Volley's advantage (above 1: Volley ahead).\n",
+             mt = one-worker multi-thread, th = plain threads){}; ratios are Volley's advantage \
+             (above 1: Volley ahead); \"% of raw\" is Volley as a share of the raw ceiling (calls/s: \
+             Volley ÷ raw; latency and CPU: raw ÷ Volley).\n",
             match settings.rate {
                 Some(r) => format!("; fixed rate {r} calls/s, latency from scheduled send"),
                 None => String::new(),

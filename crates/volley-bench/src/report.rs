@@ -184,7 +184,7 @@ fn cell(b: Option<Best>, metric: Metric) -> String {
     let method = match b.method {
         Method::BidiStream => " stream",
         Method::BatchHandler => " bh",
-        Method::Unary | Method::CallBatchStream => "",
+        Method::Unary | Method::CallBatchStream | Method::Bundled | Method::PingPong => "",
     };
     format!("{v} {}{method}", b.flavor.short())
 }
@@ -193,6 +193,18 @@ fn ratio_cell(volley: Option<Best>, peer: Option<Best>, metric: Metric) -> Strin
     match (volley, peer) {
         (Some(v), Some(p)) if v.value > 0.0 && p.value > 0.0 => {
             format!("{:.2}×", metric.ratio(v.value, p.value))
+        }
+        _ => "—".into(),
+    }
+}
+
+/// Volley as a share of the raw ceiling: calls/s Volley ÷ raw; latency and CPU raw ÷ Volley.
+fn share_cell(volley: Option<Best>, raw: Option<Best>, metric: Metric) -> String {
+    match (volley, raw) {
+        (Some(v), Some(r)) if v.value > 0.0 && r.value > 0.0 => {
+            let pct = 100.0 * metric.ratio(v.value, r.value);
+            // Two significant digits down to 1%, and a small share does not read as zero.
+            if pct < 10.0 { format!("{pct:.1}%") } else { format!("{pct:.0}%") }
         }
         _ => "—".into(),
     }
@@ -256,27 +268,32 @@ pub fn cpu_table(r: &Results, scenarios: &[Scenario]) -> String {
 fn render(r: &Results, rows: Vec<(String, Sel, Metric)>) -> String {
     let mut out = String::new();
     out.push_str(
-        "| scenario | metric | volley tcp | tonic tcp | tarpc tcp | vs tonic | vs tarpc \
-         | volley unix | volley inproc | tarpc inproc | vs tarpc inproc |\n",
+        "| scenario | metric | volley tcp | raw tcp | % of raw | tonic tcp | tarpc tcp | vs tonic \
+         | vs tarpc | volley unix | raw unix | % of raw | volley inproc | tarpc inproc | vs tarpc inproc |\n",
     );
-    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (label, sel, m) in rows {
         let b = |t| r.best(t, sel, m);
         let (vt, nt, pt) = (b(Target::VolleyTcp), b(Target::TonicTcp), b(Target::TarpcTcp));
         let (vu, vi, pi) = (b(Target::VolleyUnix), b(Target::VolleyInproc), b(Target::TarpcInproc));
+        let (rt, ru) = (b(Target::RawTcp), b(Target::RawUnix));
         let _ = writeln!(
             out,
-            "| {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             match (sel, m) {
                 (Sel::Scenario(_), _) | (_, Metric::Cpu) => m.name(),
                 _ => "requests/s",
             },
             cell(vt, m),
+            cell(rt, m),
+            share_cell(vt, rt, m),
             cell(nt, m),
             cell(pt, m),
             ratio_cell(vt, nt, m),
             ratio_cell(vt, pt, m),
             cell(vu, m),
+            cell(ru, m),
+            share_cell(vu, ru, m),
             cell(vi, m),
             cell(pi, m),
             ratio_cell(vi, pi, m),
@@ -405,6 +422,47 @@ pub fn goals(r: &Results, scenarios: &[Scenario]) -> String {
         list("level", &level),
         list("behind", &behind)
     );
+    out.push_str(&ceiling_goals(r, scenarios));
+    out
+}
+
+/// Goals against the raw ceiling (64 B over tcp): Volley's share of the bundled echo's
+/// calls/s at 256 and 1024 callers, its CPU per call at 256, and a lone call's p50 against
+/// the bare tokio ping-pong's.
+fn ceiling_goals(r: &Results, scenarios: &[Scenario]) -> String {
+    let mut out = String::new();
+    let value = |t: Target, sc: Scenario, m: Metric| r.best(t, Sel::Scenario(sc), m).map(|b| b.value);
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    for &sc in scenarios.iter().filter(|s| s.payload == 64 && s.kind != Kind::Batch) {
+        let what =
+            format!("{} caller{}, 64 B over tcp", sc.concurrency, if sc.concurrency == 1 { "" } else { "s" });
+        let both = |m| value(Target::VolleyTcp, sc, m).zip(value(Target::RawTcp, sc, m));
+        let line = match (sc.kind, sc.concurrency) {
+            (Kind::Latency, _) => both(Metric::P50).map(|(v, raw)| {
+                let x = v / raw;
+                format!(
+                    "p50 vs the bare tokio ping-pong (goal ≤ 1.05×): {x:.2}× ({v:.1} µs vs {raw:.1} µs) — {}",
+                    met(x <= 1.05)
+                )
+            }),
+            (_, 256 | 1024) => both(Metric::CallsPerS).map(|(v, raw)| {
+                format!(
+                    "calls/s as a share of the raw bundled ceiling (goal ≥ 50%): {:.0}% — {}",
+                    100.0 * v / raw,
+                    met(v >= 0.5 * raw)
+                )
+            }),
+            _ => continue,
+        };
+        let _ = writeln!(out, "- {what}, {}", line.unwrap_or_else(|| "against raw: not measured".into()));
+        if sc.concurrency == 256 {
+            let raw =
+                value(Target::RawTcp, sc, Metric::Cpu).map_or(String::new(), |c| format!(" (raw {c:.2} µs)"));
+            let cpu = value(Target::VolleyTcp, sc, Metric::Cpu)
+                .map_or("not measured".into(), |v| format!("{v:.2} µs{raw} — {}", met(v <= 0.4)));
+            let _ = writeln!(out, "- {what}, CPU per call, server and client (goal ≤ 0.4 µs): {cpu}");
+        }
+    }
     out
 }
 

@@ -8,7 +8,7 @@ use core_affinity::CoreId;
 use serde::{Deserialize, Serialize};
 
 use crate::load::{self, LoadSpec, Sample};
-use crate::{tarpc_echo, tonic_echo, volley_echo};
+use crate::{raw_echo, tarpc_echo, tonic_echo, volley_echo};
 
 /// A framework on one transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,16 +19,22 @@ pub enum Target {
     VolleyUnix,
     VolleyInproc,
     TarpcInproc,
+    /// No framework: the bundled echo on blocking threads (throughput) and a tokio
+    /// ping-pong (latency), the ceiling the frameworks are measured against.
+    RawTcp,
+    RawUnix,
 }
 
 impl Target {
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 8] = [
         Target::VolleyTcp,
         Target::TonicTcp,
         Target::TarpcTcp,
         Target::VolleyUnix,
         Target::VolleyInproc,
         Target::TarpcInproc,
+        Target::RawTcp,
+        Target::RawUnix,
     ];
 
     pub fn framework(self) -> &'static str {
@@ -36,13 +42,14 @@ impl Target {
             Target::VolleyTcp | Target::VolleyUnix | Target::VolleyInproc => "volley",
             Target::TonicTcp => "tonic",
             Target::TarpcTcp | Target::TarpcInproc => "tarpc",
+            Target::RawTcp | Target::RawUnix => "raw",
         }
     }
 
     pub fn transport(self) -> &'static str {
         match self {
-            Target::VolleyTcp | Target::TonicTcp | Target::TarpcTcp => "tcp",
-            Target::VolleyUnix => "unix",
+            Target::VolleyTcp | Target::TonicTcp | Target::TarpcTcp | Target::RawTcp => "tcp",
+            Target::VolleyUnix | Target::RawUnix => "unix",
             Target::VolleyInproc | Target::TarpcInproc => "inproc",
         }
     }
@@ -51,11 +58,15 @@ impl Target {
         format!("{}/{}", self.framework(), self.transport())
     }
 
-    /// The ways this target sends a large number of requests, best candidates first.
-    pub fn batch_methods(self) -> &'static [Method] {
-        match self.framework() {
-            "volley" => &[Method::CallBatchStream, Method::BatchHandler],
-            "tonic" => &[Method::Unary, Method::BidiStream],
+    /// The ways this target runs a scenario (for a batch, best candidates first); none where
+    /// it has no way (the raw echo has no batch of its own: its throughput rows are one).
+    pub fn methods(self, kind: Kind) -> &'static [Method] {
+        match (self.framework(), kind) {
+            ("raw", Kind::Latency) => &[Method::PingPong],
+            ("raw", Kind::Throughput) => &[Method::Bundled],
+            ("raw", Kind::Batch) => &[],
+            ("volley", Kind::Batch) => &[Method::CallBatchStream, Method::BatchHandler],
+            ("tonic", Kind::Batch) => &[Method::Unary, Method::BidiStream],
             _ => &[Method::Unary],
         }
     }
@@ -75,6 +86,10 @@ pub enum Method {
     BatchHandler,
     /// One gRPC bidirectional stream carrying every request.
     BidiStream,
+    /// The raw echo's bundles: all callers' messages in one write, on blocking threads.
+    Bundled,
+    /// The raw echo one message at a time on tokio.
+    PingPong,
 }
 
 /// The tokio runtime each side runs on.
@@ -87,6 +102,9 @@ pub enum Flavor {
     Current,
     /// `new_multi_thread().worker_threads(1)`: one worker (pinned), work runs on it.
     Multi1,
+    /// No runtime: plain blocking threads (the raw bundled echo only, so not an option).
+    #[value(skip)]
+    Threads,
 }
 
 impl Flavor {
@@ -94,6 +112,7 @@ impl Flavor {
         match self {
             Flavor::Current => "ct",
             Flavor::Multi1 => "mt",
+            Flavor::Threads => "th",
         }
     }
 }
@@ -139,29 +158,36 @@ enum Endpoint {
     Tonic(std::net::SocketAddr),
     TarpcTcp(std::net::SocketAddr),
     TarpcInproc(tarpc_echo::ClientChannel),
+    Raw(raw_echo::Addr),
 }
 
 enum Running {
     Volley(volley::Server),
     Tonic(tonic_echo::Running),
     Tarpc(tokio::task::JoinHandle<()>),
+    Raw(tokio::task::JoinHandle<()>, raw_echo::Addr),
 }
 
-static UNIQUE: AtomicU64 = AtomicU64::new(0);
+/// A number no other endpoint of this process has.
+fn unique() -> u64 {
+    static UNIQUE: AtomicU64 = AtomicU64::new(0);
+    UNIQUE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A fresh unix socket path in the temporary directory.
+pub fn unix_path(what: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("volley-compare-{what}-{}-{}.sock", std::process::id(), unique()))
+}
 
 async fn start(target: Target) -> Result<(Running, Endpoint), String> {
-    let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
     let volley = |addr: String| async move {
         let (server, bound) = volley_echo::serve(&addr).await?;
         Ok::<_, String>((Running::Volley(server), Endpoint::Volley(bound)))
     };
     match target {
         Target::VolleyTcp => volley("tcp://127.0.0.1:0".into()).await,
-        Target::VolleyUnix => {
-            let path = std::env::temp_dir().join(format!("volley-compare-{}-{n}.sock", std::process::id()));
-            volley(format!("unix://{}", path.display())).await
-        }
-        Target::VolleyInproc => volley(format!("inproc://volley-compare-{n}")).await,
+        Target::VolleyUnix => volley(format!("unix://{}", unix_path("volley").display())).await,
+        Target::VolleyInproc => volley(format!("inproc://volley-compare-{}", unique())).await,
         Target::TonicTcp => {
             let (running, addr) = tonic_echo::serve().await?;
             Ok((Running::Tonic(running), Endpoint::Tonic(addr)))
@@ -174,6 +200,14 @@ async fn start(target: Target) -> Result<(Running, Endpoint), String> {
             let (task, channel) = tarpc_echo::serve_inproc();
             Ok((Running::Tarpc(task), Endpoint::TarpcInproc(channel)))
         }
+        Target::RawTcp | Target::RawUnix => {
+            let addr = match target {
+                Target::RawTcp => raw_echo::Addr::Tcp(([127, 0, 0, 1], 0).into()),
+                _ => raw_echo::Addr::Unix(unix_path("raw")),
+            };
+            let (task, bound) = raw_echo::serve(addr).await.map_err(|e| format!("raw echo: {e}"))?;
+            Ok((Running::Raw(task, bound.clone()), Endpoint::Raw(bound)))
+        }
     }
 }
 
@@ -182,6 +216,12 @@ async fn stop(r: Running) {
         Running::Volley(s) => volley_echo::stop(s).await,
         Running::Tonic(t) => tonic_echo::stop(t).await,
         Running::Tarpc(task) => task.abort(),
+        Running::Raw(task, addr) => {
+            task.abort();
+            if let raw_echo::Addr::Unix(path) = addr {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 }
 
@@ -223,6 +263,7 @@ async fn drive(ep: Endpoint, sc: Scenario, method: Method, s: Settings) -> Resul
             unary_batch(tarpc_echo::connect_inproc(ch), sc, warm, &s).await
         }
         (Endpoint::TarpcInproc(ch), _, _) => load::run(tarpc_echo::connect_inproc(ch), spec).await,
+        (Endpoint::Raw(addr), _, _) => load::run(raw_echo::PingPong::new(addr), spec).await,
     }
 }
 
@@ -233,7 +274,7 @@ async fn unary_batch<C: load::Caller>(c: C, sc: Scenario, warm: u64, s: &Setting
 }
 
 /// Pins the calling thread; says so once if the OS refused (the run goes on unpinned).
-fn pin(core: Option<CoreId>) {
+pub fn pin(core: Option<CoreId>) {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if let Some(core) = core
         && !core_affinity::set_for_current(core)
@@ -255,6 +296,7 @@ fn runtime(flavor: Flavor, core: Option<CoreId>, name: &str) -> Result<tokio::ru
             b.worker_threads(1).thread_name(name).on_thread_start(move || pin(core));
             b
         }
+        Flavor::Threads => return Err("plain threads have no tokio runtime".into()),
     };
     b.enable_all().build().map_err(|e| e.to_string())
 }
@@ -267,6 +309,9 @@ pub fn measure(
     method: Method,
     s: &Settings,
 ) -> Result<Sample, String> {
+    if method == Method::Bundled {
+        return raw_echo::bundled(target.transport(), sc, s);
+    }
     let (server_core, client_core) = match s.cores {
         Some((a, b)) => (Some(a), Some(b)),
         None => (None, None),

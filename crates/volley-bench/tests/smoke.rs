@@ -60,7 +60,13 @@ fn quick_json_has_every_framework_and_scenario() {
         assert_eq!(r["errors"], 0, "{r}");
         assert!(r["calls_per_s"].as_f64().unwrap() > 0.0, "{r}");
         let runtimes = r["by_runtime"].as_object().unwrap();
-        assert!(runtimes.contains_key("current") && runtimes.contains_key("multi1"), "{r}");
+        if r["method"] == "bundled" {
+            // The raw bundled echo runs on plain threads, whatever the runtimes asked for.
+            assert_eq!(runtimes.keys().collect::<Vec<_>>(), ["threads"], "{r}");
+            assert_eq!(r["runtime"], "threads", "{r}");
+        } else {
+            assert!(runtimes.contains_key("current") && runtimes.contains_key("multi1"), "{r}");
+        }
         if r["scenario"] != "batch" {
             assert!(r["p50_us"].as_f64().unwrap() <= r["p99_us"].as_f64().unwrap(), "{r}");
         }
@@ -83,6 +89,11 @@ fn quick_json_has_every_framework_and_scenario() {
         want.insert((framework.into(), transport.into(), "batch".into(), batch.into()));
     }
     want.insert(("tonic".into(), "tcp".into(), "batch".into(), "bidi_stream".into()));
+    // The ceiling: no batch of its own, a ping-pong for latency, bundles for throughput.
+    for transport in ["tcp", "unix"] {
+        want.insert(("raw".into(), transport.into(), "latency".into(), "ping_pong".into()));
+        want.insert(("raw".into(), transport.into(), "throughput".into(), "bundled".into()));
+    }
     for transport in ["tcp", "unix", "inproc"] {
         let m = "call_batch_stream+handle_batch";
         want.insert(("volley".into(), transport.into(), "batch".into(), m.into()));
@@ -124,4 +135,106 @@ fn fixed_rate_mode_runs_at_the_rate() {
     assert!(calls > 0.0, "{r}");
     // Latency is measured from the scheduled send, so it can only be positive.
     assert!(r["p50_us"].as_f64().unwrap() > 0.0, "{r}");
+}
+
+/// The raw rows: whole bundles of the scenario's callers, latency of the ping-pong, and in
+/// the table Volley's share of them, from one run read back with `--replay`.
+#[test]
+fn raw_rows_report_the_ceiling() {
+    let samples = std::env::temp_dir().join(format!("volley-compare-smoke-raw-{}.jsonl", std::process::id()));
+    let samples_arg = samples.to_str().unwrap();
+    let args = [
+        "--no-pin",
+        "--rounds",
+        "1",
+        // Every row must complete a call (or a bundle) inside its window, even when this
+        // shared machine stalls a thread: a generous window.
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.05",
+        "--frameworks",
+        "volley,raw",
+        "--transports",
+        "tcp",
+        "--scenarios",
+        "latency,throughput",
+        "--concurrency",
+        "256",
+        "--payloads",
+        "64",
+    ];
+    let rows = compare(&[&args[..], &["--json", "--samples-out", samples_arg]].concat());
+    let raw = |scenario: &str| {
+        rows.iter()
+            .find(|r| r["framework"] == "raw" && r["scenario"] == scenario)
+            .unwrap_or_else(|| panic!("no raw {scenario} row in {rows:?}"))
+    };
+    let bundled = raw("throughput");
+    assert!(bundled["method"] == "bundled" && bundled["concurrency"] == 256, "{bundled}");
+    assert_eq!(bundled["errors"], 0, "{bundled}");
+    // Calls are messages echoed: whole bundles of one message per caller.
+    let calls = bundled["calls"].as_f64().unwrap();
+    assert!(calls > 0.0 && calls % 256.0 == 0.0, "{bundled}");
+    assert!(bundled["cpu_us_per_call"].as_f64().unwrap() > 0.0, "{bundled}");
+    assert!(bundled["p50_us"].as_f64().unwrap() <= bundled["p99_us"].as_f64().unwrap(), "{bundled}");
+    let ping = raw("latency");
+    assert!(ping["method"] == "ping_pong" && ping["concurrency"] == 1, "{ping}");
+    assert_eq!(ping["errors"], 0, "{ping}");
+    assert!(ping["p50_us"].as_f64().unwrap() > 0.0, "{ping}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_volley-compare"))
+        .args([&args[..], &["--replay", samples_arg]].concat())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&samples);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let header: Vec<&str> = table.lines().find(|l| l.starts_with("| scenario")).unwrap().split('|').collect();
+    let column = |name: &str| header.iter().position(|c| c.trim() == name).unwrap();
+    let (raw_tcp, share) = (column("raw tcp"), column("% of raw"));
+    let row = |label: &str| -> Vec<String> {
+        let line =
+            table.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label} in\n{table}"));
+        line.split('|').map(|c| c.trim().to_string()).collect()
+    };
+    for label in ["| 256 callers, 64 B | calls/s", "| latency, 1 caller, 64 B | p50 µs"] {
+        let cells = row(label);
+        let pct = cells[share].strip_suffix('%').unwrap_or_else(|| panic!("{label}: {cells:?}"));
+        assert!(pct.parse::<f64>().unwrap() > 0.0, "{label}: {cells:?}");
+        let runtimes: &[&str] = if label.contains("calls/s") { &[" th"] } else { &[" ct", " mt"] };
+        assert!(runtimes.iter().any(|r| cells[raw_tcp].ends_with(r)), "{label}: {cells:?}");
+    }
+    assert!(table.contains("share of the raw bundled ceiling (goal ≥ 50%): "), "{table}");
+    assert!(table.contains("p50 vs the bare tokio ping-pong (goal ≤ 1.05×): "), "{table}");
+}
+
+#[test]
+fn fixed_rate_mode_leaves_out_the_bundled_echo() {
+    let rows = compare(&[
+        "--no-pin",
+        "--json",
+        "--rounds",
+        "1",
+        "--rate",
+        "1000",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0.05",
+        "--frameworks",
+        "raw",
+        "--transports",
+        "tcp",
+        "--scenarios",
+        "latency,throughput",
+        "--concurrency",
+        "16",
+        "--runtimes",
+        "current",
+    ]);
+    // Bundles have no schedule to keep: only the ping-pong runs at a fixed rate.
+    let methods: Vec<_> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(methods, ["ping_pong"], "{rows:?}");
+    assert_eq!(rows[0]["errors"], 0, "{}", rows[0]);
 }
