@@ -2,10 +2,12 @@
 //! connection to it (made on first use, made again when it died), and its calls outstanding.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::time::Instant;
 
+use super::latency::PeakEwma;
 use super::pool_stats::PoolStats;
 use super::wire::Instance;
 use crate::client::{Client, ClientConfig};
@@ -22,6 +24,12 @@ pub(crate) struct Endpoint {
     connecting: tokio::sync::Mutex<()>,
     outstanding: AtomicUsize,
     stats: Arc<PoolStats>,
+    /// Attempts sent to this instance.
+    pub attempts: AtomicU64,
+    /// Failed calls in a row (outlier ejection).
+    pub failures: AtomicU32,
+    /// Latency of its calls (peak-EWMA balancing, outlier ejection).
+    pub latency: PeakEwma,
 }
 
 impl Endpoint {
@@ -33,6 +41,9 @@ impl Endpoint {
             connecting: tokio::sync::Mutex::new(()),
             outstanding: AtomicUsize::new(0),
             stats,
+            attempts: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            latency: PeakEwma::new(),
         }
     }
 
@@ -100,6 +111,29 @@ pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>>
             let la = ea.outstanding.load(Relaxed) as u64 * eb.weight() as u64;
             let lb = eb.outstanding.load(Relaxed) as u64 * ea.weight() as u64;
             Some(if lb < la { eb.clone() } else { ea.clone() })
+        }
+    }
+}
+
+/// Default cost of an instance with no latency measured yet: new instances get tried.
+const UNMEASURED_NS: f64 = 1_000_000.0;
+
+/// Power of two choices over peak-EWMA latency × (calls outstanding + 1), per unit of weight
+/// (Finagle's and brpc's load-aware balancing): the instance expected to answer soonest.
+pub(crate) fn two_choices_by_latency(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    match candidates.len() {
+        0 => None,
+        1 => Some(candidates[0].clone()),
+        n => {
+            let a = fastrand::usize(..n);
+            let b = (a + 1 + fastrand::usize(..n - 1)) % n;
+            let now = Instant::now();
+            let cost = |e: &Endpoint| {
+                let latency = e.latency.get(now).unwrap_or(UNMEASURED_NS).max(1.0);
+                latency * (e.outstanding.load(Relaxed) + 1) as f64 / e.weight() as f64
+            };
+            let (ea, eb) = (&candidates[a], &candidates[b]);
+            Some(if cost(eb) < cost(ea) { eb.clone() } else { ea.clone() })
         }
     }
 }

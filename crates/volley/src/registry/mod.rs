@@ -12,16 +12,19 @@
 //!   instances under a lease that a task renews (and rebuilds after a controller restart) and
 //!   revokes when the server shuts down.
 //! - [`ServiceClient`] — calls services by name. **Direct mode** (default): resolve once, cache,
-//!   follow changes by watch, call instances directly, balance (round-robin or
-//!   least-outstanding), route keyed calls on a consistent-hash ring, leave out instances that
-//!   stop answering and fail idempotent calls over, keep calling from the cache while the
-//!   registry is down. **Relayed mode**: every call goes through the controller.
+//!   follow changes by watch, call instances directly, balance (round-robin,
+//!   least-outstanding or peak-EWMA), route keyed calls on a consistent-hash ring, leave out
+//!   instances that stop answering and fail idempotent calls over, keep calling from the cache
+//!   while the registry is down. Opt-in: retries under a [`RetryBudget`], [`Hedge`]d requests,
+//!   [`Outliers`] ejection. **Relayed mode**: every call goes through the controller.
 //!   Scatter-gather calls every instance.
 //!
 //! `docs/ARCHITECTURE.md` (Registry) explains the design; `docs/PROTOCOL.md` §16 specifies the
 //! methods and messages.
 
+mod attempts;
 mod backoff;
+mod budget;
 mod client_ids;
 mod connection;
 mod controller;
@@ -29,6 +32,8 @@ mod ejection;
 mod endpoint;
 mod hash;
 mod instances;
+mod latency;
+mod policy;
 mod pool_stats;
 mod registration;
 mod service_client;
@@ -41,6 +46,7 @@ pub use connection::{Registry, RegistryStats};
 pub use controller::{Controller, ControllerConfig, ControllerStats};
 pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash};
 pub use instances::Balance;
+pub use policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 pub use registration::{LeaseConfig, Registration};
 pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig, merge_sorted};
 pub use store::{MemoryStore, Renewal, ServiceState, Store, StoreError, StoreStatus};

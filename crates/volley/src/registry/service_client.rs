@@ -12,9 +12,11 @@ use rustc_hash::FxHashMap;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
+use super::attempts::Plan;
 use super::connection::Registry;
 use super::hash::hash_key;
 use super::instances::{Balance, Pick, Pool, PoolConfig};
+use super::policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 use super::pool_stats::{PoolStats, add_snapshot};
 use super::wire::{Instance, RelayRequest, Target, WatchRequest};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
@@ -64,10 +66,23 @@ pub struct ServiceConfig {
     /// How long an instance that stopped answering is left out before it is tried again (if
     /// the registry still lists it).
     pub quarantine: Duration,
-    /// Most instances one call tries.
+    /// Most instances one call tries (retries, failover and hedges included).
     pub max_attempts: usize,
     /// Longest pause between watch attempts while the registry is unreachable.
     pub max_backoff: Duration,
+    /// Retries of idempotent calls after errors that are safe to retry, within a budget (see
+    /// [`RetryBudget`] for which errors). `None` (default): an idempotent call moves to
+    /// another instance only when its connection is lost, unbudgeted.
+    #[setters(strip_option)]
+    pub retry_budget: Option<RetryBudget>,
+    /// Hedged requests for idempotent calls (see [`Hedge`]). Default: none.
+    #[setters(strip_option)]
+    pub hedge: Option<Hedge>,
+    /// Outlier ejection: instances failing in a row or far slower than their peers are left
+    /// out for the quarantine (see [`Outliers`]). Default: off (instances that cannot be
+    /// reached are always left out).
+    #[setters(strip_option)]
+    pub outliers: Option<Outliers>,
 }
 
 impl Default for ServiceConfig {
@@ -80,6 +95,9 @@ impl Default for ServiceConfig {
             quarantine: Duration::from_secs(5),
             max_attempts: 3,
             max_backoff: Duration::from_secs(1),
+            retry_budget: None,
+            hedge: None,
+            outliers: None,
         }
     }
 }
@@ -92,10 +110,18 @@ pub struct ServiceClientStats {
     pub client_id: u32,
     /// Calls made (each instance of a scatter-gather counts).
     pub calls: u64,
-    /// Idempotent calls retried on another instance after their connection failed.
+    /// Idempotent calls sent again to another instance (failover and budgeted retries).
     pub failovers: u64,
-    /// Times an instance was left out for not answering.
+    /// Retries the [`RetryBudget`] refused (the call ended with its error).
+    pub retries_refused: u64,
+    /// Hedges sent, and hedges the budget refused (the call kept waiting on its first
+    /// instance).
+    pub hedges: u64,
+    pub hedges_refused: u64,
+    /// Times an instance was left out of rotation (unreachable, or an outlier).
     pub instances_dropped: u64,
+    /// Of those, as outliers (failing or slow).
+    pub outliers_ejected: u64,
     /// Registry look-ups (`resolve`): one per service in direct mode.
     pub lookups: u64,
     /// Watch long polls issued.
@@ -278,7 +304,7 @@ impl ServiceClient {
                 // The pool connects before it calls `attempt`, and retries (another instance)
                 // only on a failed connect, so the chunk is sent at most once.
                 let sent = pool
-                    .call(&Pick::Balanced, false, |client| {
+                    .call(&Pick::Balanced, Plan::default(), |client| {
                         let chunk = slot.take();
                         async move {
                             match chunk {
@@ -383,6 +409,13 @@ impl ServiceClient {
         Some(pool.view().listed.iter().map(|e| e.instance()).collect())
     }
 
+    /// Each instance of `service` as this client sees it: out of rotation or not (and why),
+    /// attempts sent, calls outstanding, measured latency. Empty if the service was never
+    /// called (direct mode) or in relayed mode.
+    pub fn instance_stats(&self, service: &str) -> Vec<InstanceStats> {
+        self.inner.pools.load().get(service).map(|p| p.instance_stats()).unwrap_or_default()
+    }
+
     /// The client id the registry allocated (the upper half of every request id).
     pub fn client_id(&self) -> u32 {
         self.inner.registry.client_id()
@@ -408,7 +441,11 @@ impl ServiceClient {
             client_id: i.registry.client_id(),
             calls: i.calls.load(Relaxed),
             failovers: i.pool_stats.failovers.load(Relaxed),
+            retries_refused: i.pool_stats.retries_refused.load(Relaxed),
+            hedges: i.pool_stats.hedges.load(Relaxed),
+            hedges_refused: i.pool_stats.hedges_refused.load(Relaxed),
             instances_dropped: i.pool_stats.instances_dropped.load(Relaxed),
+            outliers_ejected: i.pool_stats.outliers_ejected.load(Relaxed),
             lookups: r.lookups,
             watches: r.watches,
             registry_messages_sent: r.messages_sent,
@@ -430,8 +467,11 @@ impl ServiceClient {
             Mode::Direct => {
                 let pool = self.pool(m.service()).await?;
                 let idempotent = opts.idempotent;
+                // Retries get what is left of the call's time, never a fresh timeout.
+                let deadline = tokio::time::Instant::now() + opts.budget(self.inner.config.client.timeout);
+                let opts = opts.deadline(deadline);
                 let mut slot = Some(req);
-                pool.call(&route, idempotent, |client| {
+                pool.call(&route, Plan::new(idempotent, Some(deadline)), |client| {
                     // Only idempotent calls are ever attempted twice, so only they clone.
                     let req = if idempotent { slot.clone() } else { slot.take() };
                     async move {
@@ -475,12 +515,17 @@ impl ServiceClient {
         let pool = cell
             .get_or_try_init(|| async {
                 let resolved = self.inner.registry.resolve(service).await?;
+                let c = &self.inner.config;
                 let config = PoolConfig {
-                    balance: self.inner.config.balance,
-                    quarantine: self.inner.config.quarantine,
-                    max_attempts: self.inner.config.max_attempts.max(1),
-                    client: self.inner.registry.client_config(&self.inner.config.client),
-                    keep_last_good: true,
+                    retry_budget: c.retry_budget,
+                    hedge: c.hedge,
+                    outliers: c.outliers,
+                    ..PoolConfig::new(
+                        c.balance,
+                        c.quarantine,
+                        c.max_attempts.max(1),
+                        self.inner.registry.client_config(&c.client),
+                    )
                 };
                 let pool = Pool::new(service.to_string(), config, self.inner.pool_stats.clone());
                 pool.apply(resolved);
