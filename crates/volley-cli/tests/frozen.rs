@@ -83,14 +83,17 @@ async fn a_frozen_instance_is_left_out_and_its_calls_fail_over() {
     let (_controller, registry) = start(&["controller", "--listen", "tcp://127.0.0.1:0"], "tcp://", false);
     let (a, a_addr) = echo_server(&registry);
     let (b, b_addr) = echo_server(&registry);
-    // A ping after 300 ms without a frame, dead 500 ms after it: a frozen peer is found
-    // within about 1.1 s of its last frame.
-    let keepalive = Keepalive::new(Duration::from_millis(300), Duration::from_millis(500));
+    // With calls waiting, a ping after 300 ms without a frame, dead 500 ms after it: a frozen
+    // peer is found within about 1.1 s of its last frame.
+    let keepalive =
+        Keepalive::new(Duration::from_secs(30), Duration::from_millis(500)).busy(Duration::from_millis(300));
     // Probes soon and often (a probe's round trip may take the connect timeout): a probe that
     // only connected would let the frozen instance back within the test.
-    let client_config =
-        ClientConfig::default().keepalive(Some(keepalive)).connect_timeout(Duration::from_millis(500));
-    let config = ServiceConfig::default().client(client_config).quarantine(Duration::from_millis(300));
+    let client_config = ClientConfig::default().connect_timeout(Duration::from_millis(500));
+    let config = ServiceConfig::default()
+        .client(client_config)
+        .instance_keepalive(Some(keepalive))
+        .quarantine(Duration::from_millis(300));
     let client = ServiceClient::connect_with(&registry, config).await.unwrap();
     let t0 = Instant::now();
     while client.instance_stats("echo").len() < 2 {

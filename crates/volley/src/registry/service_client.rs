@@ -22,6 +22,7 @@ use super::wire::{Instance, RelayRequest, Target, WatchRequest};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
 use crate::codec::{StableHash, Wire};
 use crate::error::Error;
+use crate::liveness::Keepalive;
 use crate::method::Method;
 use crate::stats::Snapshot;
 
@@ -61,6 +62,13 @@ pub struct ServiceConfig {
     /// Connection settings (timeouts, limits) for the registry and every instance. The client
     /// id and sequence are the registry's.
     pub client: ClientConfig,
+    /// Keepalive of the connections to instances, in place of `client.keepalive` (`None`: that
+    /// one). Default: a connection with calls waiting is pinged after 1 s without receiving
+    /// anything and declared dead 2 s after an unanswered ping, so a frozen instance (a stopped
+    /// process, a hung host whose kernel still accepts bytes) fails its calls as a lost
+    /// connection within about 4 s — idempotent ones move to another instance — and is left
+    /// out until a probe gets an answer; an idle connection is pinged after 30 s.
+    pub instance_keepalive: Option<Keepalive>,
     /// How long the controller may hold one watch (long poll) before answering "no change".
     pub watch_timeout: Duration,
     /// How long an instance that stopped answering is left out before it is tried again (if
@@ -91,6 +99,9 @@ impl Default for ServiceConfig {
             mode: Mode::Direct,
             balance: Balance::RoundRobin,
             client: ClientConfig::default(),
+            instance_keepalive: Some(
+                Keepalive::new(Duration::from_secs(30), Duration::from_secs(2)).busy(Duration::from_secs(1)),
+            ),
             watch_timeout: Duration::from_secs(30),
             quarantine: Duration::from_secs(5),
             max_attempts: 3,
@@ -524,7 +535,10 @@ impl ServiceClient {
                         c.balance,
                         c.quarantine,
                         c.max_attempts.max(1),
-                        self.inner.registry.client_config(&c.client),
+                        self.inner.registry.client_config(&ClientConfig {
+                            keepalive: c.instance_keepalive.or(c.client.keepalive),
+                            ..c.client.clone()
+                        }),
                     )
                 };
                 let pool = Pool::new(service.to_string(), config, self.inner.pool_stats.clone());
