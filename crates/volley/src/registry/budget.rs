@@ -49,11 +49,11 @@ impl Budget {
     /// Takes one token for an extra attempt; false if there is none (the attempt is not made).
     pub fn withdraw(&self) -> bool {
         let taken = self.balance.fetch_update(Relaxed, Relaxed, |b| (b >= TOKEN).then_some(b - TOKEN));
-        taken.is_ok() || self.from_reserve()
+        taken.is_ok() || self.take_from_reserve()
     }
 
     /// The floor: `min_per_second` tokens a second, at most one second's worth held.
-    fn from_reserve(&self) -> bool {
+    fn take_from_reserve(&self) -> bool {
         if self.per_second <= 0.0 {
             return false;
         }
