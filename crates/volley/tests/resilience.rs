@@ -149,11 +149,22 @@ async fn hedged_calls_do_not_wait_for_the_slow_instance() {
     stop(vec![fast, slow], controller).await;
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn the_retry_budget_caps_extra_attempts_at_its_share_of_calls() {
-    let (controller, registry) = controller("budget").await;
+/// Two instances that answer `Overloaded` to every call.
+async fn two_overloaded(tag: &str) -> (Controller, Registry, Vec<Instance>) {
+    let (controller, registry) = controller(tag).await;
     let a = instance(&registry, Behaviour::Fail(Code::Overloaded)).await;
     let b = instance(&registry, Behaviour::Fail(Code::Overloaded)).await;
+    (controller, registry, vec![a, b])
+}
+
+/// Calls the handlers of `instances` started.
+fn total_calls(instances: &[Instance]) -> u64 {
+    instances.iter().map(|i| i.calls.load(Relaxed)).sum()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_retry_budget_caps_extra_attempts_at_its_share_of_calls() {
+    let (controller, registry, instances) = two_overloaded("budget").await;
     let config = ServiceConfig::default().retry_budget(RetryBudget::default().ratio(0.1).min_per_second(0));
     let client = ServiceClient::with_registry(registry.clone(), config);
     const N: u64 = 500;
@@ -161,7 +172,7 @@ async fn the_retry_budget_caps_extra_attempts_at_its_share_of_calls() {
         let e = client.call_with(&WORK, 1, idempotent()).await.unwrap_err();
         assert_eq!(e.code(), Some(Code::Overloaded), "{e}");
     }
-    let attempts = a.calls.load(Relaxed) + b.calls.load(Relaxed);
+    let attempts = total_calls(&instances);
     // Without the budget every call would be tried on 3 instances' worth of attempts (1,500);
     // with it, one retry per ten calls.
     assert!((N + N / 20..=N + N / 10 + 2).contains(&attempts), "{attempts} attempts for {N} calls");
@@ -169,25 +180,23 @@ async fn the_retry_budget_caps_extra_attempts_at_its_share_of_calls() {
     assert_eq!(stats.failovers, attempts - N, "{stats:?}");
     assert!(stats.retries_refused >= N * 8 / 10, "{stats:?}");
     // A call that is not idempotent is never retried.
-    let before = a.calls.load(Relaxed) + b.calls.load(Relaxed);
+    let before = total_calls(&instances);
     for _ in 0..50 {
         client.call(&WORK, 1).await.unwrap_err();
     }
-    assert_eq!(a.calls.load(Relaxed) + b.calls.load(Relaxed), before + 50);
-    stop(vec![a, b], controller).await;
+    assert_eq!(total_calls(&instances), before + 50);
+    stop(instances, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn without_a_budget_an_overloaded_reply_is_not_retried() {
-    let (controller, registry) = controller("no-budget").await;
-    let a = instance(&registry, Behaviour::Fail(Code::Overloaded)).await;
-    let b = instance(&registry, Behaviour::Fail(Code::Overloaded)).await;
+    let (controller, registry, instances) = two_overloaded("no-budget").await;
     let client = ServiceClient::with_registry(registry.clone(), ServiceConfig::default());
     for _ in 0..100 {
         client.call_with(&WORK, 1, idempotent()).await.unwrap_err();
     }
-    assert_eq!(a.calls.load(Relaxed) + b.calls.load(Relaxed), 100);
-    stop(vec![a, b], controller).await;
+    assert_eq!(total_calls(&instances), 100);
+    stop(instances, controller).await;
 }
 
 /// The ejection state of the instance at `address`.

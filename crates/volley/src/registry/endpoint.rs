@@ -98,9 +98,8 @@ impl Drop for Endpoint {
     }
 }
 
-/// Power of two choices: of two instances picked at random, the one with fewer calls
-/// outstanding per unit of weight.
-pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+/// Power of two choices: of two instances picked at random, the one of lower `cost`.
+fn cheaper_of_two(candidates: &[Arc<Endpoint>], cost: impl Fn(&Endpoint) -> f64) -> Option<Arc<Endpoint>> {
     match candidates.len() {
         0 => None,
         1 => Some(candidates[0].clone()),
@@ -108,11 +107,14 @@ pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>>
             let a = fastrand::usize(..n);
             let b = (a + 1 + fastrand::usize(..n - 1)) % n;
             let (ea, eb) = (&candidates[a], &candidates[b]);
-            let la = ea.outstanding.load(Relaxed) as u64 * eb.weight() as u64;
-            let lb = eb.outstanding.load(Relaxed) as u64 * ea.weight() as u64;
-            Some(if lb < la { eb.clone() } else { ea.clone() })
+            Some(if cost(eb) < cost(ea) { eb.clone() } else { ea.clone() })
         }
     }
+}
+
+/// Power of two choices: the one with fewer calls outstanding per unit of weight.
+pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    cheaper_of_two(candidates, |e| e.outstanding.load(Relaxed) as f64 / e.weight() as f64)
 }
 
 /// Default cost of an instance with no latency measured yet: new instances get tried.
@@ -121,21 +123,11 @@ const UNMEASURED_NS: f64 = 1_000_000.0;
 /// Power of two choices over peak-EWMA latency × (calls outstanding + 1), per unit of weight
 /// (Finagle's and brpc's load-aware balancing): the instance expected to answer soonest.
 pub(crate) fn two_choices_by_latency(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
-    match candidates.len() {
-        0 => None,
-        1 => Some(candidates[0].clone()),
-        n => {
-            let a = fastrand::usize(..n);
-            let b = (a + 1 + fastrand::usize(..n - 1)) % n;
-            let now = Instant::now();
-            let cost = |e: &Endpoint| {
-                let latency = e.latency.get(now).unwrap_or(UNMEASURED_NS).max(1.0);
-                latency * (e.outstanding.load(Relaxed) + 1) as f64 / e.weight() as f64
-            };
-            let (ea, eb) = (&candidates[a], &candidates[b]);
-            Some(if cost(eb) < cost(ea) { eb.clone() } else { ea.clone() })
-        }
-    }
+    let now = Instant::now();
+    cheaper_of_two(candidates, |e| {
+        let latency = e.latency.get(now).unwrap_or(UNMEASURED_NS).max(1.0);
+        latency * (e.outstanding.load(Relaxed) + 1) as f64 / e.weight() as f64
+    })
 }
 
 /// Counts a call as outstanding on an instance until dropped (also when the caller gives up).
