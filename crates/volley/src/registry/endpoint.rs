@@ -10,9 +10,12 @@ use tokio::time::Instant;
 use super::latency::PeakEwma;
 use super::pool_stats::PoolStats;
 use super::wire::Instance;
-use crate::client::{Client, ClientConfig};
+use crate::client::{CallOptions, Client, ClientConfig};
 use crate::error::Error;
 use crate::stats::Snapshot;
+
+/// The service a probe asks for: no server offers it.
+const PROBE_SERVICE: &str = "volley.probe";
 
 /// One instance and the connection to it (made on first use).
 pub(crate) struct Endpoint {
@@ -83,6 +86,18 @@ impl Endpoint {
             self.stats.retire(old.counters());
         }
         Ok(c)
+    }
+
+    /// A round trip to the instance within the connect timeout: a request for a service no
+    /// server offers, which every live server refuses at once. Connecting is not enough: the
+    /// kernel of a frozen process still accepts connections.
+    pub async fn probe(&self, config: &ClientConfig) -> Result<(), Error> {
+        let client = self.connect(config).await?;
+        let opts = CallOptions::default().timeout(config.connect_timeout);
+        match client.call_raw(PROBE_SERVICE, "ping", bytes::Bytes::new(), opts).await {
+            Ok(_) | Err(Error::Remote(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn counters(&self) -> Snapshot {

@@ -24,7 +24,7 @@ use super::latency::P95;
 use super::policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 use super::pool_stats::{PoolStats, add_snapshot};
 use super::wire::{Instance, Resolved};
-use crate::client::{CallOptions, ClientConfig};
+use crate::client::ClientConfig;
 use crate::error::Error;
 use crate::stats::Snapshot;
 use crate::transport::Address;
@@ -121,7 +121,7 @@ pub(crate) struct Guards {
 }
 
 impl Guards {
-    fn new(c: &PoolConfig) -> Guards {
+    pub fn new(c: &PoolConfig) -> Guards {
         let budget = c.retry_budget.or(c.hedge.map(|_| RetryBudget::default()));
         let latency_check = ProbeClock::default();
         if let Some(o) = c.outliers {
@@ -392,7 +392,7 @@ impl Pool {
             let Some(ep) = by_address.get(address.as_str()).map(|&e| e.clone()) else { continue };
             let (pool, config) = (self.me.clone(), self.config.client.clone());
             tokio::spawn(async move {
-                let answered = probe(&ep, &config).await;
+                let answered = ep.probe(&config).await;
                 let Some(pool) = pool.upgrade() else { return };
                 if answered.is_ok() {
                     ep.failures.store(0, Relaxed);
@@ -491,19 +491,6 @@ impl Pool {
             add_snapshot(&mut acc, &e.counters());
         }
         acc
-    }
-}
-
-/// The name a probe asks for: no server offers it, so every live server refuses it at once.
-const PROBE_SERVICE: &str = "volley.probe";
-
-/// A round trip to the instance within the connect timeout.
-async fn probe(ep: &Endpoint, config: &ClientConfig) -> Result<(), Error> {
-    let client = ep.connect(config).await?;
-    let opts = CallOptions::default().timeout(config.connect_timeout);
-    match client.call_raw(PROBE_SERVICE, "ping", bytes::Bytes::new(), opts).await {
-        Ok(_) | Err(Error::Remote(_)) => Ok(()),
-        Err(e) => Err(e),
     }
 }
 

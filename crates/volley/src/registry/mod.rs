@@ -33,11 +33,13 @@ mod endpoint;
 mod hash;
 mod instances;
 mod latency;
+mod merge;
 mod policy;
 mod pool_stats;
 mod registration;
 mod service_client;
 mod store;
+mod watch;
 pub mod wire;
 
 use std::time::Duration;
@@ -46,9 +48,10 @@ pub use connection::{Registry, RegistryStats};
 pub use controller::{Controller, ControllerConfig, ControllerStats};
 pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash};
 pub use instances::Balance;
+pub use merge::merge_sorted;
 pub use policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 pub use registration::{LeaseConfig, Registration};
-pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig, merge_sorted};
+pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig};
 pub use store::{MemoryStore, Renewal, ServiceState, Store, StoreError, StoreStatus};
 pub use wire::{ControllerInfo, Instance, InstanceSpec, Listing, Resolved};
 

@@ -1,8 +1,7 @@
 //! [`ServiceClient`]: calls services by name through a registry, in direct or relayed mode.
 
-use std::cmp::Ordering;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -18,7 +17,8 @@ use super::hash::hash_key;
 use super::instances::{Balance, Pick, Pool, PoolConfig};
 use super::policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 use super::pool_stats::{PoolStats, add_snapshot};
-use super::wire::{Instance, RelayRequest, Target, WatchRequest};
+use super::watch::watch_loop;
+use super::wire::{Instance, RelayRequest, Target};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
 use crate::codec::{StableHash, Wire};
 use crate::error::Error;
@@ -59,8 +59,9 @@ pub struct ServiceConfig {
     pub mode: Mode,
     /// How calls without a key pick an instance.
     pub balance: Balance,
-    /// Connection settings (timeouts, limits) for the registry and every instance. The client
-    /// id and sequence are the registry's.
+    /// Connection settings (timeouts, limits) for the registry and every instance (the
+    /// instances' keepalive is `instance_keepalive`, if set). The client id and sequence are
+    /// the registry's.
     pub client: ClientConfig,
     /// Keepalive of the connections to instances, in place of `client.keepalive` (`None`: that
     /// one). Default: a connection with calls waiting is pinged after 1 s without receiving
@@ -256,7 +257,9 @@ impl ServiceClient {
 
     /// Calls with per-call options. A call marked [`idempotent`](CallOptions::idempotent)
     /// whose instance fails during the call is retried on another instance (the request is
-    /// cloned per attempt); any other call ends with the connection error.
+    /// cloned per attempt), within the call's deadline; with a [`RetryBudget`] also after
+    /// `Overloaded`, and with a [`Hedge`] it may go to a second instance when the first is
+    /// slow. Any other call ends with the connection error.
     pub async fn call_with<Req: Wire + Clone, Resp: Wire>(
         &self,
         m: &Method<Req, Resp>,
@@ -380,7 +383,7 @@ impl ServiceClient {
         Ok(futures_util::future::join_all(calls).await)
     }
 
-    /// Scatter-gather with a merge of the gathered results (see [`merge_sorted`] for merging
+    /// Scatter-gather with a merge of the gathered results (see [`merge_sorted`](super::merge_sorted) for merging
     /// sorted top-k lists).
     pub async fn scatter_merge<Req: Wire + Clone, Resp: Wire, T>(
         &self,
@@ -561,86 +564,5 @@ impl ServiceClient {
             .clone();
         self.inner.resolving.lock().remove(service);
         Ok(pool)
-    }
-}
-
-/// Keeps one service's cache fresh: a long poll re-issued in a loop. When the registry is
-/// unreachable the cache is left as it is (calls go on from it) and the poll is retried with
-/// a growing pause; when it answers again, polling resumes where it left off.
-async fn watch_loop(
-    pool: Weak<Pool>,
-    registry: Registry,
-    stop: CancellationToken,
-    timeout: Duration,
-    max_backoff: Duration,
-) {
-    const MIN_BACKOFF: Duration = Duration::from_millis(20);
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        let Some(p) = pool.upgrade() else { return };
-        let (epoch, from_revision, _) = p.position();
-        let req = WatchRequest {
-            service: p.service.clone(),
-            epoch,
-            from_revision,
-            timeout_ms: timeout.as_millis() as u64,
-            client_id: registry.client_id(),
-        };
-        drop(p);
-        let r = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = registry.watch(req) => r,
-        };
-        match r {
-            Ok(resolved) => {
-                backoff = MIN_BACKOFF;
-                let Some(p) = pool.upgrade() else { return };
-                if p.apply(resolved) {
-                    tracing::debug!(service = %p.service, instances = p.view().listed.len(), "instances changed");
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "watch failed; calls continue from the cache");
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(max_backoff);
-            }
-        }
-    }
-}
-
-/// Merges lists that are each sorted by `cmp` (best first) into the `k` best overall, in
-/// order: the merge step of a scatter-gather over shards that each return their top k
-/// (the MF report's merge of shard results). Takes O(k × number of lists) comparisons; the lists are few (one per
-/// instance).
-pub fn merge_sorted<T>(lists: Vec<Vec<T>>, k: usize, mut cmp: impl FnMut(&T, &T) -> Ordering) -> Vec<T> {
-    let mut heads: Vec<std::vec::IntoIter<T>> = lists.into_iter().map(Vec::into_iter).collect();
-    let mut out = Vec::with_capacity(k.min(heads.iter().map(|h| h.len()).sum()));
-    while out.len() < k {
-        let mut best: Option<(usize, &T)> = None;
-        for (i, head) in heads.iter().enumerate() {
-            let Some(candidate) = head.as_slice().first() else { continue };
-            if best.is_none_or(|(_, b)| cmp(candidate, b) == Ordering::Less) {
-                best = Some((i, candidate));
-            }
-        }
-        let Some((b, _)) = best else { break };
-        out.push(heads[b].next().expect("has a head"));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn merge_sorted_takes_the_k_best_in_order() {
-        let lists = vec![vec![9, 5, 1], vec![8, 7, 2], vec![], vec![10]];
-        assert_eq!(merge_sorted(lists.clone(), 4, |a, b| b.cmp(a)), vec![10, 9, 8, 7]);
-        assert_eq!(merge_sorted(lists.clone(), 100, |a, b| b.cmp(a)), vec![10, 9, 8, 7, 5, 2, 1]);
-        assert_eq!(merge_sorted(lists, 0, |a, b| b.cmp(a)), Vec::<i32>::new());
     }
 }
