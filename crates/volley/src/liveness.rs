@@ -11,23 +11,40 @@ use std::time::{Duration, Instant};
 
 /// Keepalive settings: after `interval` without receiving anything, send a ping; if nothing
 /// arrives within `timeout` after it, the peer is declared dead and the connection closed.
+///
+/// With `busy` set (clients only), a connection that has calls waiting is pinged after `busy`
+/// without receiving anything instead: a peer that froze (a stopped process, a hung host whose
+/// kernel still accepts bytes) fails its calls within about `2 × busy + timeout`, as a lost
+/// connection, rather than holding them to their deadlines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Keepalive {
     pub interval: Duration,
     pub timeout: Duration,
+    /// The silence after which a connection with calls waiting is pinged (`None`: `interval`).
+    pub busy: Option<Duration>,
 }
 
 impl Keepalive {
     pub fn new(interval: Duration, timeout: Duration) -> Keepalive {
-        Keepalive { interval, timeout }
+        Keepalive { interval, timeout, busy: None }
+    }
+
+    /// Pings a connection with calls waiting after `silence` without receiving anything.
+    pub fn busy(self, silence: Duration) -> Keepalive {
+        Keepalive { busy: Some(silence), ..self }
+    }
+
+    /// How often the state is looked at: `interval`, or `busy` if shorter.
+    fn check_every(&self) -> Duration {
+        self.busy.map_or(self.interval, |b| b.min(self.interval))
     }
 }
 
 impl Default for Keepalive {
     /// A ping after 30 s without traffic; dead 20 s after it.
     fn default() -> Self {
-        Keepalive { interval: Duration::from_secs(30), timeout: Duration::from_secs(20) }
+        Keepalive { interval: Duration::from_secs(30), timeout: Duration::from_secs(20), busy: None }
     }
 }
 
@@ -48,13 +65,15 @@ pub(crate) struct Liveness {
     cfg: Keepalive,
     /// The read count seen at the last decision.
     seen: u64,
+    /// When the read count was last seen to change (or the start).
+    quiet_since: Instant,
     ping_out: bool,
     deadline: Instant,
 }
 
 impl Liveness {
     pub(crate) fn new(cfg: Keepalive, now: Instant) -> Liveness {
-        Liveness { cfg, seen: 0, ping_out: false, deadline: now + cfg.interval }
+        Liveness { cfg, seen: 0, quiet_since: now, ping_out: false, deadline: now + cfg.check_every() }
     }
 
     /// When [`poll`](Self::poll) has something to decide next.
@@ -64,18 +83,31 @@ impl Liveness {
 
     /// Decides, given the time and the number of reads completed on the connection so far.
     pub(crate) fn poll(&mut self, now: Instant, reads: u64) -> Action {
+        self.poll_busy(now, reads, false)
+    }
+
+    /// As [`poll`](Self::poll), knowing whether calls are waiting on the connection (`busy`).
+    pub(crate) fn poll_busy(&mut self, now: Instant, reads: u64, busy: bool) -> Action {
         if now < self.deadline {
             return Action::Wait;
         }
+        let every = self.cfg.check_every();
         if reads != self.seen {
-            // Traffic since the last look: the peer is there; look again an interval from now.
-            (self.seen, self.ping_out, self.deadline) = (reads, false, now + self.cfg.interval);
-            Action::Wait
-        } else if !self.ping_out {
+            // Traffic since the last look: the peer is there; the silence starts now.
+            (self.seen, self.ping_out, self.quiet_since, self.deadline) = (reads, false, now, now + every);
+            return Action::Wait;
+        }
+        if self.ping_out {
+            return Action::Dead;
+        }
+        let limit = if busy { every } else { self.cfg.interval };
+        if now >= self.quiet_since + limit {
             (self.ping_out, self.deadline) = (true, now + self.cfg.timeout);
             Action::Ping
         } else {
-            Action::Dead
+            // Look again when the idle limit is reached, or sooner to see whether calls wait.
+            self.deadline = (self.quiet_since + self.cfg.interval).min(now + every);
+            Action::Wait
         }
     }
 
@@ -123,6 +155,25 @@ mod tests {
         assert_eq!(l.deadline(), t0 + 80 * S);
         assert_eq!(l.poll(t0 + 80 * S, 1), Action::Ping);
         assert_eq!(l.poll(t0 + 100 * S, 1), Action::Dead);
+    }
+
+    #[test]
+    fn a_busy_connection_is_pinged_after_the_shorter_silence() {
+        let t0 = Instant::now();
+        let mut l = Liveness::new(Keepalive::new(30 * S, 2 * S).busy(S), t0);
+        assert_eq!(l.deadline(), t0 + S, "looks every busy interval");
+        // Idle: no ping before the interval, however often it looks.
+        assert_eq!(l.poll_busy(t0 + S, 0, false), Action::Wait);
+        assert_eq!(l.deadline(), t0 + 2 * S);
+        // Calls are waiting and nothing came for a second: ping; dead after the timeout.
+        assert_eq!(l.poll_busy(t0 + 2 * S, 0, true), Action::Ping);
+        assert_eq!(l.poll_busy(t0 + 3 * S, 0, true), Action::Wait);
+        assert_eq!(l.poll_busy(t0 + 4 * S, 0, true), Action::Dead);
+        // Replies keep a busy connection alive without pings.
+        let mut l = Liveness::new(Keepalive::new(30 * S, 2 * S).busy(S), t0);
+        for k in 1..10 {
+            assert_eq!(l.poll_busy(t0 + k * S, k as u64, true), Action::Wait);
+        }
     }
 
     #[test]

@@ -220,8 +220,10 @@ impl StreamConn {
         conn
     }
 
-    /// Pings when nothing arrived for `k.interval`; fails the connection (and with it every
-    /// pending call, once) when nothing arrives within `k.timeout` after the ping.
+    /// Pings when nothing arrived for `k.interval` (for `k.busy` while calls are pending); fails
+    /// the connection (and with it every pending call, once, with a connection error that a
+    /// `ServiceClient` fails idempotent calls over on) when nothing arrives within `k.timeout`
+    /// after the ping.
     async fn keepalive_loop(self: Arc<Self>, k: Keepalive) {
         let mut live = Liveness::new(k, Instant::now().into_std());
         loop {
@@ -230,7 +232,8 @@ impl StreamConn {
                 () = tokio::time::sleep_until(Instant::from_std(live.deadline())) => {}
             }
             let reads = self.reads.load(Ordering::Relaxed);
-            match live.poll(Instant::now().into_std(), reads) {
+            let busy = self.pending.len() > 0;
+            match live.poll_busy(Instant::now().into_std(), reads, busy) {
                 Action::Wait => {}
                 Action::Ping => {
                     if self.outbox.push(|fb| fb.ping(reads)).is_err() {

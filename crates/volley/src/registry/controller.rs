@@ -15,6 +15,7 @@ use tokio::sync::{OnceCell, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::attempts::Plan;
 use super::client_ids::{self, Holders};
 use super::instances::{Balance, Pick, Pool, PoolConfig};
 use super::pool_stats::PoolStats;
@@ -535,7 +536,7 @@ impl Relay {
         };
         let opts = CallOptions { timeout: Some(timeout), idempotent: r.idempotent, deadline: None };
         let (service, method, payload) = (&r.service, &r.method, &r.payload);
-        pool.call(&route, r.idempotent, |client| {
+        pool.call(&route, Plan::new(r.idempotent, None), |client| {
             let payload = payload.clone();
             async move { client.call_raw(service, method, payload, opts).await }
         })
@@ -560,11 +561,8 @@ impl Relay {
             Some(p) => p,
             None => {
                 let config = PoolConfig {
-                    balance: self.balance,
-                    quarantine: Duration::from_secs(1),
-                    max_attempts: 3,
-                    client: self.client_config(st).await?,
                     keep_last_good: false,
+                    ..PoolConfig::new(self.balance, Duration::from_secs(1), 3, self.client_config(st).await?)
                 };
                 let fresh = Arc::new(RelayPool {
                     pool: Pool::new(service.to_string(), config, self.stats.clone()),

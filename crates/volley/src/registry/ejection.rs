@@ -4,8 +4,10 @@
 //! instance back; one that fails ejects it again for twice as long (up to 16 times the first
 //! period), with a quarter of jitter so that many dead instances are not all probed at once.
 //!
-//! The state is per address and says why an instance is out, so that ejecting outliers (slow
-//! or erroring instances) can be added here beside connection failures.
+//! The state is per address and says why an instance is out: it could not be reached, or it is
+//! an outlier (failing calls in a row, or far slower than its peers; see
+//! [`Outliers`](super::Outliers)). Every reason is probed the same way: a round trip to the
+//! instance that must come back.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -21,6 +23,25 @@ pub(crate) enum Reason {
     /// Connecting failed, or the connection failed during a call, or the instance said it is
     /// going away.
     Unreachable,
+    /// Calls to it failed that many times in a row (outlier ejection).
+    Failing,
+    /// Its latency was far above its peers' (outlier ejection).
+    Slow,
+}
+
+impl Reason {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Unreachable => "unreachable",
+            Reason::Failing => "failing",
+            Reason::Slow => "slow",
+        }
+    }
+
+    /// Ejected as an outlier (those are capped to a share of the instances).
+    pub fn is_outlier(self) -> bool {
+        self != Reason::Unreachable
+    }
 }
 
 /// One instance out of rotation.
@@ -65,6 +86,16 @@ impl Ejections {
 
     pub fn is_ejected(&self, address: &str) -> bool {
         self.by_address.contains_key(address)
+    }
+
+    /// Why `address` is out, if it is.
+    pub fn reason(&self, address: &str) -> Option<Reason> {
+        self.by_address.get(address).map(|e| e.reason)
+    }
+
+    /// How many instances are out as outliers.
+    pub fn outliers(&self) -> usize {
+        self.by_address.values().filter(|e| e.reason.is_outlier()).count()
     }
 
     /// The addresses due for a probe now, marked as being probed.

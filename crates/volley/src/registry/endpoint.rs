@@ -2,15 +2,20 @@
 //! connection to it (made on first use, made again when it died), and its calls outstanding.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::time::Instant;
 
+use super::latency::PeakEwma;
 use super::pool_stats::PoolStats;
 use super::wire::Instance;
-use crate::client::{Client, ClientConfig};
+use crate::client::{CallOptions, Client, ClientConfig};
 use crate::error::Error;
 use crate::stats::Snapshot;
+
+/// The service a probe asks for: no server offers it.
+const PROBE_SERVICE: &str = "volley.probe";
 
 /// One instance and the connection to it (made on first use).
 pub(crate) struct Endpoint {
@@ -22,6 +27,12 @@ pub(crate) struct Endpoint {
     connecting: tokio::sync::Mutex<()>,
     outstanding: AtomicUsize,
     stats: Arc<PoolStats>,
+    /// Attempts sent to this instance.
+    pub attempts: AtomicU64,
+    /// Failed calls in a row (outlier ejection).
+    pub failures: AtomicU32,
+    /// Latency of its calls (peak-EWMA balancing, outlier ejection).
+    pub latency: PeakEwma,
 }
 
 impl Endpoint {
@@ -33,6 +44,9 @@ impl Endpoint {
             connecting: tokio::sync::Mutex::new(()),
             outstanding: AtomicUsize::new(0),
             stats,
+            attempts: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            latency: PeakEwma::new(),
         }
     }
 
@@ -74,6 +88,18 @@ impl Endpoint {
         Ok(c)
     }
 
+    /// A round trip to the instance within the connect timeout: a request for a service no
+    /// server offers, which every live server refuses at once. Connecting is not enough: the
+    /// kernel of a frozen process still accepts connections.
+    pub async fn probe(&self, config: &ClientConfig) -> Result<(), Error> {
+        let client = self.connect(config).await?;
+        let opts = CallOptions::default().timeout(config.connect_timeout);
+        match client.call_raw(PROBE_SERVICE, "ping", bytes::Bytes::new(), opts).await {
+            Ok(_) | Err(Error::Remote(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     pub fn counters(&self) -> Snapshot {
         self.client.load().as_deref().map(Client::counters).unwrap_or_default()
     }
@@ -87,9 +113,8 @@ impl Drop for Endpoint {
     }
 }
 
-/// Power of two choices: of two instances picked at random, the one with fewer calls
-/// outstanding per unit of weight.
-pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+/// Power of two choices: of two instances picked at random, the one of lower `cost`.
+fn cheaper_of_two(candidates: &[Arc<Endpoint>], cost: impl Fn(&Endpoint) -> f64) -> Option<Arc<Endpoint>> {
     match candidates.len() {
         0 => None,
         1 => Some(candidates[0].clone()),
@@ -97,11 +122,27 @@ pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>>
             let a = fastrand::usize(..n);
             let b = (a + 1 + fastrand::usize(..n - 1)) % n;
             let (ea, eb) = (&candidates[a], &candidates[b]);
-            let la = ea.outstanding.load(Relaxed) as u64 * eb.weight() as u64;
-            let lb = eb.outstanding.load(Relaxed) as u64 * ea.weight() as u64;
-            Some(if lb < la { eb.clone() } else { ea.clone() })
+            Some(if cost(eb) < cost(ea) { eb.clone() } else { ea.clone() })
         }
     }
+}
+
+/// Power of two choices: the one with fewer calls outstanding per unit of weight.
+pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    cheaper_of_two(candidates, |e| e.outstanding.load(Relaxed) as f64 / e.weight() as f64)
+}
+
+/// Default cost of an instance with no latency measured yet: new instances get tried.
+const UNMEASURED_NS: f64 = 1_000_000.0;
+
+/// Power of two choices over peak-EWMA latency × (calls outstanding + 1), per unit of weight
+/// (Finagle's and brpc's load-aware balancing): the instance expected to answer soonest.
+pub(crate) fn two_choices_by_latency(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    let now = Instant::now();
+    cheaper_of_two(candidates, |e| {
+        let latency = e.latency.get(now).unwrap_or(UNMEASURED_NS).max(1.0);
+        latency * (e.outstanding.load(Relaxed) + 1) as f64 / e.weight() as f64
+    })
 }
 
 /// Counts a call as outstanding on an instance until dropped (also when the caller gives up).

@@ -6,7 +6,6 @@
 //! mode (the list comes from the registry and is kept fresh by a watch) and the controller's
 //! relay (the list comes from its own store).
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -16,15 +15,17 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::time::Instant;
 
+use super::budget::Budget;
 use super::ejection::{Ejections, ProbeClock, Reason};
 pub(crate) use super::endpoint::Endpoint;
-use super::endpoint::{Outstanding, two_choices};
+use super::endpoint::{two_choices, two_choices_by_latency};
 use super::hash::HashRing;
+use super::latency::P95;
+use super::policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 use super::pool_stats::{PoolStats, add_snapshot};
 use super::wire::{Instance, Resolved};
-use crate::client::{Client, ClientConfig};
+use crate::client::ClientConfig;
 use crate::error::Error;
-use crate::proto::Code;
 use crate::stats::Snapshot;
 use crate::transport::Address;
 
@@ -39,6 +40,11 @@ pub enum Balance {
     /// Power of two choices: of two instances picked at random, the one with fewer calls
     /// outstanding (relative to its weight). Adapts to slow instances without a global scan.
     LeastOutstanding,
+    /// Power of two choices by expected wait: peak-EWMA latency × (calls outstanding + 1),
+    /// relative to weight (Finagle's and brpc's load-aware balancing). The average jumps to a
+    /// slow reply at once and forgets it over about 10 s, so a slow instance gets few calls
+    /// and is tried again later; an instance not yet measured counts as 1 ms.
+    PeakEwma,
 }
 
 /// Probes due within this much of each other start together.
@@ -71,6 +77,67 @@ pub(crate) struct PoolConfig {
     /// (the registry may have lost its state while the instances still work); the
     /// controller's relay reads its own store, which is the truth, and turns this off.
     pub keep_last_good: bool,
+    /// Retries of idempotent calls after retryable errors, and the budget for them and for
+    /// hedges (`None`: failover after a lost connection only, unbudgeted).
+    pub retry_budget: Option<RetryBudget>,
+    pub hedge: Option<Hedge>,
+    pub outliers: Option<Outliers>,
+}
+
+impl PoolConfig {
+    /// A pool with nothing but failover after a lost connection.
+    pub fn new(
+        balance: Balance,
+        quarantine: Duration,
+        max_attempts: usize,
+        client: ClientConfig,
+    ) -> PoolConfig {
+        PoolConfig {
+            balance,
+            quarantine,
+            max_attempts,
+            client,
+            keep_last_good: true,
+            retry_budget: None,
+            hedge: None,
+            outliers: None,
+        }
+    }
+}
+
+/// The state the resilience settings need, made once per pool from its config.
+pub(crate) struct Guards {
+    /// Tokens for retries and hedges: the configured budget, or a default one for hedges.
+    pub budget: Option<Budget>,
+    /// Retries beyond failover are on (a budget was configured).
+    pub budgeted_retries: bool,
+    /// Attempts are timed (peak-EWMA balancing, outliers, hedging after the p95).
+    pub measures: bool,
+    /// Outstanding calls are counted (least-outstanding and peak-EWMA balancing).
+    pub tracks_load: bool,
+    pub p95: P95,
+    /// When latencies are next compared (outlier ejection).
+    pub latency_check: ProbeClock,
+}
+
+impl Guards {
+    pub fn new(c: &PoolConfig) -> Guards {
+        let budget = c.retry_budget.or(c.hedge.map(|_| RetryBudget::default()));
+        let latency_check = ProbeClock::default();
+        if let Some(o) = c.outliers {
+            latency_check.set(Some(Instant::now() + o.check_every));
+        }
+        Guards {
+            budget: budget.as_ref().map(Budget::new),
+            budgeted_retries: c.retry_budget.is_some(),
+            measures: c.balance == Balance::PeakEwma
+                || c.outliers.is_some()
+                || matches!(c.hedge, Some(Hedge::P95 { .. })),
+            tracks_load: matches!(c.balance, Balance::LeastOutstanding | Balance::PeakEwma),
+            p95: P95::new(),
+            latency_check,
+        }
+    }
 }
 
 /// One immutable picture of the service; replaced whole on every change.
@@ -85,7 +152,7 @@ pub(crate) struct View {
     /// better than failing without trying).
     out: Vec<bool>,
     /// `listed` without the instances out of rotation.
-    active: Vec<Arc<Endpoint>>,
+    pub(super) active: Vec<Arc<Endpoint>>,
     /// The ring over `listed`, made on the first keyed call (a caller that never routes by key
     /// never pays for it) and shared by the views that differ only in who is out.
     ring: Arc<OnceLock<HashRing>>,
@@ -116,14 +183,15 @@ impl View {
 /// The instances of one service.
 pub(crate) struct Pool {
     pub service: String,
-    view: ArcSwap<View>,
-    config: PoolConfig,
+    pub(super) view: ArcSwap<View>,
+    pub(super) config: PoolConfig,
+    pub(super) guards: Guards,
     rr: AtomicU64,
     /// Instances out of rotation, and when to probe them.
     ejections: Mutex<Ejections>,
     /// When the next probe is due. Read by every call, so it lives outside the view: starting
     /// or failing a probe rebuilds nothing.
-    next_probe: ProbeClock,
+    pub(super) next_probe: ProbeClock,
     /// Serializes view rebuilds (updates and ejections), which are rare.
     update: Mutex<()>,
     pub stats: Arc<PoolStats>,
@@ -138,6 +206,7 @@ impl Pool {
             view: ArcSwap::from_pointee(View::empty()),
             ejections: Mutex::new(Ejections::new(config.quarantine)),
             next_probe: ProbeClock::default(),
+            guards: Guards::new(&config),
             config,
             rr: AtomicU64::new(0),
             update: Mutex::new(()),
@@ -271,11 +340,19 @@ impl Pool {
         self.install(&cur, cur.listed.clone())
     }
 
-    /// Takes an instance that stopped answering out of rotation until it is probed.
-    fn eject(&self, ep: &Endpoint, why: &Error) {
+    /// Takes an instance out of rotation until it is probed. Outliers (failing or slow) are
+    /// left in if that would put more than the configured share of the instances out.
+    pub(super) fn eject(&self, ep: &Endpoint, reason: Reason, why: &Error) {
         let fresh = {
             let mut ej = self.ejections.lock();
-            let fresh = ej.eject(&ep.address, Reason::Unreachable, Instant::now());
+            if reason.is_outlier() && !ej.is_ejected(&ep.address) {
+                let share = self.config.outliers.map_or(0.0, |o| o.max_ejected_share);
+                let listed = self.view.load().listed.len();
+                if (ej.outliers() + 1) as f64 > share * listed as f64 {
+                    return;
+                }
+            }
+            let fresh = ej.eject(&ep.address, reason, Instant::now());
             self.set_next_probe(ej.next_due());
             fresh
         };
@@ -283,7 +360,10 @@ impl Pool {
             return;
         }
         self.stats.instances_dropped.fetch_add(1, Relaxed);
-        tracing::info!(service = %self.service, address = %ep.address, error = %why, "instance stopped answering; taking it out of rotation");
+        if reason.is_outlier() {
+            self.stats.outliers_ejected.fetch_add(1, Relaxed);
+        }
+        tracing::info!(service = %self.service, address = %ep.address, reason = reason.name(), error = %why, "taking an instance out of rotation");
         self.reinstall();
     }
 
@@ -291,10 +371,12 @@ impl Pool {
         self.next_probe.set(at);
     }
 
-    /// Probes every ejected instance that is due, each on a task of its own: one connection
-    /// attempt, beside the calls. The view does not change until a probe connects. Runs on a
-    /// call's task, inside the runtime.
-    fn start_probes(&self) {
+    /// Probes every ejected instance that is due, each on a task of its own, beside the calls:
+    /// a round trip that must come back within the connect timeout (a request for a service
+    /// no server offers: any reply, the refusal included, shows the instance reads and
+    /// answers; a frozen process whose kernel still accepts connections does not pass). The
+    /// view does not change until a probe succeeds. Runs on a call's task, inside the runtime.
+    pub(super) fn start_probes(&self) {
         let due = {
             let mut ej = self.ejections.lock();
             // Those due in the next moments too: many ejected instances are probed in a few
@@ -310,9 +392,13 @@ impl Pool {
             let Some(ep) = by_address.get(address.as_str()).map(|&e| e.clone()) else { continue };
             let (pool, config) = (self.me.clone(), self.config.client.clone());
             tokio::spawn(async move {
-                let connected = ep.connect(&config).await;
+                let answered = ep.probe(&config).await;
                 let Some(pool) = pool.upgrade() else { return };
-                pool.probed(&ep.address, connected.err());
+                if answered.is_ok() {
+                    ep.failures.store(0, Relaxed);
+                    ep.latency.reset();
+                }
+                pool.probed(&ep.address, answered.err());
             });
         }
     }
@@ -336,7 +422,24 @@ impl Pool {
         }
     }
 
-    fn no_instances(&self, view: &View) -> Error {
+    /// Each listed instance as this pool sees it.
+    pub fn instance_stats(&self) -> Vec<InstanceStats> {
+        let view = self.view.load_full();
+        let ej = self.ejections.lock();
+        let now = Instant::now();
+        view.listed
+            .iter()
+            .map(|e| InstanceStats {
+                address: e.address.clone(),
+                ejected: ej.reason(&e.address).map(Reason::name),
+                attempts: e.attempts.load(Relaxed),
+                outstanding: e.outstanding().load(Relaxed) as u64,
+                latency: e.latency.get(now).map(|ns| Duration::from_nanos(ns as u64)),
+            })
+            .collect()
+    }
+
+    pub(super) fn no_instances(&self, view: &View) -> Error {
         if view.known {
             Error::NoInstances { service: self.service.clone() }
         } else {
@@ -345,7 +448,7 @@ impl Pool {
     }
 
     /// Picks an instance for `route`, avoiding those already `tried` by this call.
-    fn pick(&self, view: &View, route: &Pick, tried: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    pub(super) fn pick(&self, view: &View, route: &Pick, tried: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
         let was_tried = |e: &Arc<Endpoint>| tried.iter().any(|t| Arc::ptr_eq(t, e));
         let active = &view.active;
         match route {
@@ -372,74 +475,12 @@ impl Pool {
                     let left: Vec<Arc<Endpoint>> = active.iter().filter(|e| !was_tried(e)).cloned().collect();
                     two_choices(&left)
                 }
+                Balance::PeakEwma if tried.is_empty() => two_choices_by_latency(active),
+                Balance::PeakEwma => {
+                    let left: Vec<Arc<Endpoint>> = active.iter().filter(|e| !was_tried(e)).cloned().collect();
+                    two_choices_by_latency(&left)
+                }
             },
-        }
-    }
-
-    /// Runs one call: picks an instance, connects, and hands the connection to `attempt`.
-    ///
-    /// An instance that cannot be connected to is left out and the next one is tried, for any
-    /// call (nothing was sent). An instance whose connection fails during the call, or that
-    /// answers it `ShuttingDown` (dropped at its drain deadline), is left out too; the call is
-    /// then retried on another instance only if it is `idempotent` (its outcome on the first
-    /// instance is unknown), otherwise it ends with that error. Every other outcome (replies,
-    /// other error replies, timeouts) is returned as it is. At most `max_attempts` instances
-    /// are tried.
-    pub async fn call<T, F, Fut>(&self, route: &Pick, idempotent: bool, mut attempt: F) -> Result<T, Error>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = Result<T, Error>>,
-    {
-        let mut tried: Vec<Arc<Endpoint>> = Vec::new();
-        let mut last_err: Option<Error> = None;
-        let mut failing_over = false;
-        loop {
-            let picked = {
-                if self.next_probe.take_turn() {
-                    self.start_probes();
-                }
-                // A guard, not a clone: the view is only needed until the pick.
-                let view = self.view.load();
-                match tried.len() < self.config.max_attempts {
-                    true => self.pick(&view, route, &tried).ok_or_else(|| self.no_instances(&view)),
-                    false => Err(self.no_instances(&view)),
-                }
-            };
-            let ep = match picked {
-                Ok(ep) => ep,
-                Err(none) => return Err(last_err.unwrap_or(none)),
-            };
-            let client = match ep.connect(&self.config.client).await {
-                Ok(c) => c,
-                Err(e) => {
-                    self.eject(&ep, &e);
-                    tried.push(ep);
-                    last_err = Some(e);
-                    continue;
-                }
-            };
-            if failing_over {
-                self.stats.failovers.fetch_add(1, Relaxed);
-            }
-            // Only least-outstanding reads the count; the other policies skip two atomics.
-            let load = (self.config.balance == Balance::LeastOutstanding)
-                .then(|| Outstanding::new(ep.outstanding()));
-            let r = attempt(client).await;
-            drop(load);
-            match r {
-                // A `ShuttingDown` reply: the instance dropped the call at its drain deadline
-                // and is going away, like a lost connection (the call may have partly run).
-                Err(e) if matches!(e, Error::Connection(_)) || e.code() == Some(Code::ShuttingDown) => {
-                    self.eject(&ep, &e);
-                    if !idempotent {
-                        return Err(e);
-                    }
-                    failing_over = true;
-                    tried.push(ep);
-                    last_err = Some(e);
-                }
-                other => return other,
-            }
         }
     }
 
@@ -458,13 +499,7 @@ mod tests {
     use super::*;
 
     fn pool(balance: Balance) -> Arc<Pool> {
-        let config = PoolConfig {
-            balance,
-            quarantine: Duration::from_secs(60),
-            max_attempts: 3,
-            client: ClientConfig::default(),
-            keep_last_good: true,
-        };
+        let config = PoolConfig::new(balance, Duration::from_secs(60), 3, ClientConfig::default());
         Pool::new("svc".into(), config, Arc::default())
     }
 
@@ -549,8 +584,8 @@ mod tests {
         p.apply(resolved(1, 1, false, vec![inst(1, "tcp://h:1", 1), inst(2, "tcp://h:2", 1)]));
         let v = p.view();
         let one = v.listed.iter().find(|e| e.address == "tcp://h:1").unwrap().clone();
-        p.eject(&one, &Error::Connection("reset".into()));
-        p.eject(&one, &Error::Connection("reset".into()));
+        p.eject(&one, Reason::Unreachable, &Error::Connection("reset".into()));
+        p.eject(&one, Reason::Unreachable, &Error::Connection("reset".into()));
         assert_eq!(p.stats.instances_dropped.load(Relaxed), 1, "counted once");
         let v = p.view();
         for _ in 0..10 {
@@ -560,7 +595,7 @@ mod tests {
         // Still listed (the registry lists it), so scatter-gather still reaches it.
         assert_eq!(v.listed.len(), 2);
         let two = v.listed.iter().find(|e| e.address == "tcp://h:2").unwrap().clone();
-        p.eject(&two, &Error::Connection("reset".into()));
+        p.eject(&two, Reason::Unreachable, &Error::Connection("reset".into()));
         assert_eq!(p.view().active.len(), 2, "with every instance left out, all are tried again");
     }
 }

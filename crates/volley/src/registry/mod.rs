@@ -12,16 +12,19 @@
 //!   instances under a lease that a task renews (and rebuilds after a controller restart) and
 //!   revokes when the server shuts down.
 //! - [`ServiceClient`] — calls services by name. **Direct mode** (default): resolve once, cache,
-//!   follow changes by watch, call instances directly, balance (round-robin or
-//!   least-outstanding), route keyed calls on a consistent-hash ring, leave out instances that
-//!   stop answering and fail idempotent calls over, keep calling from the cache while the
-//!   registry is down. **Relayed mode**: every call goes through the controller.
+//!   follow changes by watch, call instances directly, balance (round-robin,
+//!   least-outstanding or peak-EWMA), route keyed calls on a consistent-hash ring, leave out
+//!   instances that stop answering and fail idempotent calls over, keep calling from the cache
+//!   while the registry is down. Opt-in: retries under a [`RetryBudget`], [`Hedge`]d requests,
+//!   [`Outliers`] ejection. **Relayed mode**: every call goes through the controller.
 //!   Scatter-gather calls every instance.
 //!
 //! `docs/ARCHITECTURE.md` (Registry) explains the design; `docs/PROTOCOL.md` §16 specifies the
 //! methods and messages.
 
+mod attempts;
 mod backoff;
+mod budget;
 mod client_ids;
 mod connection;
 mod controller;
@@ -29,10 +32,14 @@ mod ejection;
 mod endpoint;
 mod hash;
 mod instances;
+mod latency;
+mod merge;
+mod policy;
 mod pool_stats;
 mod registration;
 mod service_client;
 mod store;
+mod watch;
 pub mod wire;
 
 use std::time::Duration;
@@ -41,8 +48,10 @@ pub use connection::{Registry, RegistryStats};
 pub use controller::{Controller, ControllerConfig, ControllerStats};
 pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash};
 pub use instances::Balance;
+pub use merge::merge_sorted;
+pub use policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 pub use registration::{LeaseConfig, Registration};
-pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig, merge_sorted};
+pub use service_client::{Gathered, Mode, ServiceClient, ServiceClientStats, ServiceConfig};
 pub use store::{MemoryStore, Renewal, ServiceState, Store, StoreError, StoreStatus};
 pub use wire::{ControllerInfo, Instance, InstanceSpec, Listing, Resolved};
 

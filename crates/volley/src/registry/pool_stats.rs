@@ -11,6 +11,13 @@ use crate::stats::Snapshot;
 pub(crate) struct PoolStats {
     pub failovers: AtomicU64,
     pub instances_dropped: AtomicU64,
+    /// Retries the budget refused.
+    pub retries_refused: AtomicU64,
+    /// Hedges sent, and hedges the budget refused.
+    pub hedges: AtomicU64,
+    pub hedges_refused: AtomicU64,
+    /// Instances taken out as outliers (failing or slow).
+    pub outliers_ejected: AtomicU64,
     /// Transport counters of connections that were closed or replaced.
     retired: Mutex<Snapshot>,
 }

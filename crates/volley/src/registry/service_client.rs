@@ -1,8 +1,7 @@
 //! [`ServiceClient`]: calls services by name through a registry, in direct or relayed mode.
 
-use std::cmp::Ordering;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -12,14 +11,18 @@ use rustc_hash::FxHashMap;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
+use super::attempts::Plan;
 use super::connection::Registry;
 use super::hash::hash_key;
 use super::instances::{Balance, Pick, Pool, PoolConfig};
+use super::policy::{Hedge, InstanceStats, Outliers, RetryBudget};
 use super::pool_stats::{PoolStats, add_snapshot};
-use super::wire::{Instance, RelayRequest, Target, WatchRequest};
+use super::watch::watch_loop;
+use super::wire::{Instance, RelayRequest, Target};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
 use crate::codec::{StableHash, Wire};
 use crate::error::Error;
+use crate::liveness::Keepalive;
 use crate::method::Method;
 use crate::stats::Snapshot;
 
@@ -56,18 +59,39 @@ pub struct ServiceConfig {
     pub mode: Mode,
     /// How calls without a key pick an instance.
     pub balance: Balance,
-    /// Connection settings (timeouts, limits) for the registry and every instance. The client
-    /// id and sequence are the registry's.
+    /// Connection settings (timeouts, limits) for the registry and every instance (the
+    /// instances' keepalive is `instance_keepalive`, if set). The client id and sequence are
+    /// the registry's.
     pub client: ClientConfig,
+    /// Keepalive of the connections to instances, in place of `client.keepalive` (`None`: that
+    /// one). Default: a connection with calls waiting is pinged after 1 s without receiving
+    /// anything and declared dead 2 s after an unanswered ping, so a frozen instance (a stopped
+    /// process, a hung host whose kernel still accepts bytes) fails its calls as a lost
+    /// connection within about 4 s — idempotent ones move to another instance — and is left
+    /// out until a probe gets an answer; an idle connection is pinged after 30 s.
+    pub instance_keepalive: Option<Keepalive>,
     /// How long the controller may hold one watch (long poll) before answering "no change".
     pub watch_timeout: Duration,
     /// How long an instance that stopped answering is left out before it is tried again (if
     /// the registry still lists it).
     pub quarantine: Duration,
-    /// Most instances one call tries.
+    /// Most instances one call tries (retries, failover and hedges included).
     pub max_attempts: usize,
     /// Longest pause between watch attempts while the registry is unreachable.
     pub max_backoff: Duration,
+    /// Retries of idempotent calls after errors that are safe to retry, within a budget (see
+    /// [`RetryBudget`] for which errors). `None` (default): an idempotent call moves to
+    /// another instance only when its connection is lost, unbudgeted.
+    #[setters(strip_option)]
+    pub retry_budget: Option<RetryBudget>,
+    /// Hedged requests for idempotent calls (see [`Hedge`]). Default: none.
+    #[setters(strip_option)]
+    pub hedge: Option<Hedge>,
+    /// Outlier ejection: instances failing in a row or far slower than their peers are left
+    /// out for the quarantine (see [`Outliers`]). Default: off (instances that cannot be
+    /// reached are always left out).
+    #[setters(strip_option)]
+    pub outliers: Option<Outliers>,
 }
 
 impl Default for ServiceConfig {
@@ -76,10 +100,16 @@ impl Default for ServiceConfig {
             mode: Mode::Direct,
             balance: Balance::RoundRobin,
             client: ClientConfig::default(),
+            instance_keepalive: Some(
+                Keepalive::new(Duration::from_secs(30), Duration::from_secs(2)).busy(Duration::from_secs(1)),
+            ),
             watch_timeout: Duration::from_secs(30),
             quarantine: Duration::from_secs(5),
             max_attempts: 3,
             max_backoff: Duration::from_secs(1),
+            retry_budget: None,
+            hedge: None,
+            outliers: None,
         }
     }
 }
@@ -92,10 +122,18 @@ pub struct ServiceClientStats {
     pub client_id: u32,
     /// Calls made (each instance of a scatter-gather counts).
     pub calls: u64,
-    /// Idempotent calls retried on another instance after their connection failed.
+    /// Idempotent calls sent again to another instance (failover and budgeted retries).
     pub failovers: u64,
-    /// Times an instance was left out for not answering.
+    /// Retries the [`RetryBudget`] refused (the call ended with its error).
+    pub retries_refused: u64,
+    /// Hedges sent, and hedges the budget refused (the call kept waiting on its first
+    /// instance).
+    pub hedges: u64,
+    pub hedges_refused: u64,
+    /// Times an instance was left out of rotation (unreachable, or an outlier).
     pub instances_dropped: u64,
+    /// Of those, as outliers (failing or slow).
+    pub outliers_ejected: u64,
     /// Registry look-ups (`resolve`): one per service in direct mode.
     pub lookups: u64,
     /// Watch long polls issued.
@@ -219,7 +257,9 @@ impl ServiceClient {
 
     /// Calls with per-call options. A call marked [`idempotent`](CallOptions::idempotent)
     /// whose instance fails during the call is retried on another instance (the request is
-    /// cloned per attempt); any other call ends with the connection error.
+    /// cloned per attempt), within the call's deadline; with a [`RetryBudget`] also after
+    /// `Overloaded`, and with a [`Hedge`] it may go to a second instance when the first is
+    /// slow. Any other call ends with the connection error.
     pub async fn call_with<Req: Wire + Clone, Resp: Wire>(
         &self,
         m: &Method<Req, Resp>,
@@ -278,7 +318,7 @@ impl ServiceClient {
                 // The pool connects before it calls `attempt`, and retries (another instance)
                 // only on a failed connect, so the chunk is sent at most once.
                 let sent = pool
-                    .call(&Pick::Balanced, false, |client| {
+                    .call(&Pick::Balanced, Plan::default(), |client| {
                         let chunk = slot.take();
                         async move {
                             match chunk {
@@ -343,7 +383,7 @@ impl ServiceClient {
         Ok(futures_util::future::join_all(calls).await)
     }
 
-    /// Scatter-gather with a merge of the gathered results (see [`merge_sorted`] for merging
+    /// Scatter-gather with a merge of the gathered results (see [`merge_sorted`](super::merge_sorted) for merging
     /// sorted top-k lists).
     pub async fn scatter_merge<Req: Wire + Clone, Resp: Wire, T>(
         &self,
@@ -383,6 +423,13 @@ impl ServiceClient {
         Some(pool.view().listed.iter().map(|e| e.instance()).collect())
     }
 
+    /// Each instance of `service` as this client sees it: out of rotation or not (and why),
+    /// attempts sent, calls outstanding, measured latency. Empty if the service was never
+    /// called (direct mode) or in relayed mode.
+    pub fn instance_stats(&self, service: &str) -> Vec<InstanceStats> {
+        self.inner.pools.load().get(service).map(|p| p.instance_stats()).unwrap_or_default()
+    }
+
     /// The client id the registry allocated (the upper half of every request id).
     pub fn client_id(&self) -> u32 {
         self.inner.registry.client_id()
@@ -408,7 +455,11 @@ impl ServiceClient {
             client_id: i.registry.client_id(),
             calls: i.calls.load(Relaxed),
             failovers: i.pool_stats.failovers.load(Relaxed),
+            retries_refused: i.pool_stats.retries_refused.load(Relaxed),
+            hedges: i.pool_stats.hedges.load(Relaxed),
+            hedges_refused: i.pool_stats.hedges_refused.load(Relaxed),
             instances_dropped: i.pool_stats.instances_dropped.load(Relaxed),
+            outliers_ejected: i.pool_stats.outliers_ejected.load(Relaxed),
             lookups: r.lookups,
             watches: r.watches,
             registry_messages_sent: r.messages_sent,
@@ -430,8 +481,11 @@ impl ServiceClient {
             Mode::Direct => {
                 let pool = self.pool(m.service()).await?;
                 let idempotent = opts.idempotent;
+                // Retries get what is left of the call's time, never a fresh timeout.
+                let deadline = tokio::time::Instant::now() + opts.budget(self.inner.config.client.timeout);
+                let opts = opts.deadline(deadline);
                 let mut slot = Some(req);
-                pool.call(&route, idempotent, |client| {
+                pool.call(&route, Plan::new(idempotent, Some(deadline)), |client| {
                     // Only idempotent calls are ever attempted twice, so only they clone.
                     let req = if idempotent { slot.clone() } else { slot.take() };
                     async move {
@@ -475,12 +529,20 @@ impl ServiceClient {
         let pool = cell
             .get_or_try_init(|| async {
                 let resolved = self.inner.registry.resolve(service).await?;
+                let c = &self.inner.config;
                 let config = PoolConfig {
-                    balance: self.inner.config.balance,
-                    quarantine: self.inner.config.quarantine,
-                    max_attempts: self.inner.config.max_attempts.max(1),
-                    client: self.inner.registry.client_config(&self.inner.config.client),
-                    keep_last_good: true,
+                    retry_budget: c.retry_budget,
+                    hedge: c.hedge,
+                    outliers: c.outliers,
+                    ..PoolConfig::new(
+                        c.balance,
+                        c.quarantine,
+                        c.max_attempts.max(1),
+                        self.inner.registry.client_config(&ClientConfig {
+                            keepalive: c.instance_keepalive.or(c.client.keepalive),
+                            ..c.client.clone()
+                        }),
+                    )
                 };
                 let pool = Pool::new(service.to_string(), config, self.inner.pool_stats.clone());
                 pool.apply(resolved);
@@ -502,86 +564,5 @@ impl ServiceClient {
             .clone();
         self.inner.resolving.lock().remove(service);
         Ok(pool)
-    }
-}
-
-/// Keeps one service's cache fresh: a long poll re-issued in a loop. When the registry is
-/// unreachable the cache is left as it is (calls go on from it) and the poll is retried with
-/// a growing pause; when it answers again, polling resumes where it left off.
-async fn watch_loop(
-    pool: Weak<Pool>,
-    registry: Registry,
-    stop: CancellationToken,
-    timeout: Duration,
-    max_backoff: Duration,
-) {
-    const MIN_BACKOFF: Duration = Duration::from_millis(20);
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        let Some(p) = pool.upgrade() else { return };
-        let (epoch, from_revision, _) = p.position();
-        let req = WatchRequest {
-            service: p.service.clone(),
-            epoch,
-            from_revision,
-            timeout_ms: timeout.as_millis() as u64,
-            client_id: registry.client_id(),
-        };
-        drop(p);
-        let r = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = registry.watch(req) => r,
-        };
-        match r {
-            Ok(resolved) => {
-                backoff = MIN_BACKOFF;
-                let Some(p) = pool.upgrade() else { return };
-                if p.apply(resolved) {
-                    tracing::debug!(service = %p.service, instances = p.view().listed.len(), "instances changed");
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "watch failed; calls continue from the cache");
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(max_backoff);
-            }
-        }
-    }
-}
-
-/// Merges lists that are each sorted by `cmp` (best first) into the `k` best overall, in
-/// order: the merge step of a scatter-gather over shards that each return their top k
-/// (the MF report's merge of shard results). Takes O(k × number of lists) comparisons; the lists are few (one per
-/// instance).
-pub fn merge_sorted<T>(lists: Vec<Vec<T>>, k: usize, mut cmp: impl FnMut(&T, &T) -> Ordering) -> Vec<T> {
-    let mut heads: Vec<std::vec::IntoIter<T>> = lists.into_iter().map(Vec::into_iter).collect();
-    let mut out = Vec::with_capacity(k.min(heads.iter().map(|h| h.len()).sum()));
-    while out.len() < k {
-        let mut best: Option<(usize, &T)> = None;
-        for (i, head) in heads.iter().enumerate() {
-            let Some(candidate) = head.as_slice().first() else { continue };
-            if best.is_none_or(|(_, b)| cmp(candidate, b) == Ordering::Less) {
-                best = Some((i, candidate));
-            }
-        }
-        let Some((b, _)) = best else { break };
-        out.push(heads[b].next().expect("has a head"));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn merge_sorted_takes_the_k_best_in_order() {
-        let lists = vec![vec![9, 5, 1], vec![8, 7, 2], vec![], vec![10]];
-        assert_eq!(merge_sorted(lists.clone(), 4, |a, b| b.cmp(a)), vec![10, 9, 8, 7]);
-        assert_eq!(merge_sorted(lists.clone(), 100, |a, b| b.cmp(a)), vec![10, 9, 8, 7, 5, 2, 1]);
-        assert_eq!(merge_sorted(lists, 0, |a, b| b.cmp(a)), Vec::<i32>::new());
     }
 }
