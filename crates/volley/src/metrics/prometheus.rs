@@ -17,13 +17,13 @@ use super::scrape::{Named, Scrape};
 /// The `Content-Type` of the text this module writes.
 pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
-/// Latency bucket bounds: every power of four nanoseconds from 1 µs to 17 s (exact: powers of
-/// two are edges of the histogram's buckets).
+/// Latency bucket bounds: every power of four nanoseconds from 1 µs to 17 s (powers of two
+/// are edges of the histogram's buckets, so each bound counts within a nanosecond).
 fn latency_bounds() -> impl Iterator<Item = u64> {
     (10..=34).step_by(2).map(|p| 1u64 << p)
 }
 
-/// Batch and frame-size bounds: 1, 2, 4 ... 65,536.
+/// Batch, frame-size and wake-up bounds: 1, 2, 4 ... 65,536 (exact up to 32).
 fn count_bounds() -> impl Iterator<Item = u64> {
     (0..=16).map(|p| 1u64 << p)
 }
