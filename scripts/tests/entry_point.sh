@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests of scripts/test on a fake machine: a copy of the script in a scratch tree, run with a
 # PATH that holds only fakes of apt-get, sudo and cargo (which log their arguments) and env.
-# The fake apt-get "installs" etcd-server by putting an etcd on that PATH, and python3-venv by
+# The fake apt-get "installs" etcd-server by putting an etcd on that PATH (chromium likewise), and python3-venv by
 # putting a python3 there whose `-m venv DIR` makes a logging DIR/bin/python, so the tests
 # see what a fresh machine sees whether or not this machine has etcd or Python. Run by
 # scripts/test; alone: bash scripts/tests/entry_point.sh
@@ -25,6 +25,9 @@ fake() {
 fake apt-get "echo \"apt-get \$*\" >>'$log'
 if [[ \" \$* \" == *' install '*' etcd-server '* && -z \${FAKE_BROKEN_PACKAGE:-} ]]; then
     printf '#!/bin/sh\n' >'$bin/etcd' && /bin/chmod +x '$bin/etcd'
+fi
+if [[ \" \$* \" == *' install '*' chromium '* && -z \${FAKE_BROKEN_CHROMIUM:-} ]]; then
+    printf '#!/bin/sh\n' >'$bin/chromium' && /bin/chmod +x '$bin/chromium'
 fi
 if [[ \" \$* \" == *' install '*' python3-venv '* && -z \${FAKE_BROKEN_PYTHON:-} ]]; then
     /bin/cp '$scratch/aside/python3' '$bin/python3'
@@ -73,6 +76,7 @@ check "--check succeeds" "$status" 0
 check "--check names the missing package" "$out" "*etcd: missing; would install etcd-server*"
 check "--check says what would run" "$out" "*would run: cargo test --workspace -- --include-ignored*"
 check "--check names the missing Python" "$out" "*python3 with venv: missing; would install python3 python3-venv*"
+check "--check names the missing Chromium" "$out" "*chromium: missing; would install chromium*"
 check "--check says the Python suite would run" "$out" "*would run: cargo build -p volley-cli;*pytest clients/python*"
 check "--check installs and runs nothing" "$calls" ""
 
@@ -90,6 +94,8 @@ check "the first run says what it installed" "$out" "*installed: etcd-server*"
 check "the first run runs the shell tests" "$calls" "*shell test ran*"
 check "the first run runs every Rust test" "$calls" "*cargo test --workspace -- --include-ignored"$'\n'"*"
 check "the first run installs python3-venv" "$calls" "*apt-get install*python3-venv*"
+check "the first run installs chromium" "$calls" "*apt-get install*chromium*"
+check "the first run refreshes the package lists once" "$(grep -c 'apt-get update' <<<"$calls")" 1
 check "the first run builds the binary, makes the environment and runs pytest" "$calls" "*"$'\n'"cargo build -p volley-cli
 python3 -m venv target/python-venv
 venv-python -m pip install *-e clients/python\[test\]
@@ -104,6 +110,7 @@ cargo test --workspace -- --include-ignored
 cargo build -p volley-cli
 venv-python -m pytest -p no:cacheprovider -q clients/python"
 check "the second run finds etcd" "$out" "*etcd: present*"
+check "the second run finds chromium" "$out" "*chromium: present*"
 check "the second run says it installed nothing" "$out" "*installed: nothing*"
 run --check
 check "--check on a set-up machine would install nothing" "$out" "*would install: nothing*"
@@ -123,7 +130,7 @@ FAKE_PYTEST_STATUS=1 run
 check "failing Python tests fail the run" "$status" 1
 
 # Without cargo nothing is installed; a package that does not give etcd is an error.
-rm "$bin/etcd" "$bin/cargo" "$bin/python3"
+rm "$bin/etcd" "$bin/cargo" "$bin/python3" "$bin/chromium"
 run
 check "without cargo the run fails" "$status" 1
 check "without cargo it says how to get it" "$out" "*install Rust with rustup*"
@@ -135,6 +142,9 @@ check "a package without etcd is reported" "$out" "*etcd-server is installed but
 FAKE_BROKEN_PYTHON=1 run
 check "a python3-venv without venv fails the run" "$status" 1
 check "a python3-venv without venv is reported" "$out" "*python3-venv is installed but python3 -m venv is still unavailable*"
+FAKE_BROKEN_CHROMIUM=1 run
+check "a chromium package without chromium fails the run" "$status" 1
+check "a chromium package without chromium is reported" "$out" "*chromium is installed but there is no chromium on PATH*"
 
 if [ "$failures" -ne 0 ]; then
     echo "scripts/tests/entry_point.sh: $failures of $checks checks failed" >&2

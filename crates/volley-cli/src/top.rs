@@ -91,6 +91,15 @@ fn render(v: &Value) -> String {
         fmt(&sv["messages_per_frame"]["written"], 1.0),
         sv["overload_refusals"],
     );
+    let expired = &sv["deadline_expired"];
+    s += &format!(
+        "deadline expired {} before / {} in handler · cancelled while running {} · queued {} · reader wake-ups per batch {}\n",
+        expired["before_handler"],
+        expired["in_handler"],
+        sv["cancelled_requests"],
+        sv["queued_requests"],
+        fmt2(&sv["reader_wakeups"]["per_batch"]),
+    );
     for (title, methods) in [("served", &sv["methods"]), ("called", &v["client"]["methods"])] {
         let Some(list) = methods.as_array().filter(|l| !l.is_empty()) else { continue };
         s += &format!(
@@ -128,6 +137,11 @@ fn render(v: &Value) -> String {
     s
 }
 
+/// A number with two decimals, or `-` when there is none.
+fn fmt2(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.2}"))
+}
+
 /// A number with one decimal, or `-` when there is none (nothing recorded yet).
 fn fmt(v: &Value, scale: f64) -> String {
     v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{:.1}", x * scale))
@@ -145,6 +159,10 @@ mod tests {
                 "connections": {"open": 1, "accepted": 3, "refused": 0},
                 "messages_per_frame": {"read": 2.5, "written": null},
                 "overload_refusals": 0,
+                "deadline_expired": {"before_handler": 4, "in_handler": 1},
+                "cancelled_requests": 2,
+                "queued_requests": 3,
+                "reader_wakeups": {"batches": 8, "wakeups": 6, "per_batch": 0.75},
                 "methods": [{"service": "echo", "method": "echo", "calls": 900, "in_flight": 2,
                     "recent": {"calls_per_s": 150.0, "errors_per_s": 0.0,
                         "latency_us": {"p50": 12.5, "p99": 80.0, "p999": 120.0}, "batch": {"mean": 3.0}}}]
@@ -159,5 +177,9 @@ mod tests {
         assert_eq!(cols, ["echo/echo", "150.0", "0.0", "12.5", "80.0", "120.0", "3.0", "2", "900"]);
         assert!(!t.contains("called"), "no client methods, no table");
         assert!(t.contains("messages per frame 2.5 in, - out"));
+        assert!(
+            t.contains("deadline expired 4 before / 1 in handler · cancelled while running 2 · queued 3 · reader wake-ups per batch 0.75"),
+            "{t}"
+        );
     }
 }

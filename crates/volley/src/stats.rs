@@ -14,8 +14,8 @@ pub struct Counters {
     frames_received: AtomicU64,
     messages_received: AtomicU64,
     bytes_received: AtomicU64,
-    /// Messages per frame, kept per read and per write.
-    pub(crate) frame_sizes: FrameSizes,
+    /// Messages per frame each way, and reader wake-ups per batch.
+    pub(crate) shapes: Shapes,
 }
 
 /// A copy of the counters at one moment.
@@ -36,17 +36,20 @@ impl Counters {
         self.messages_sent.fetch_add(messages, Relaxed);
         self.bytes_sent.fetch_add(bytes, Relaxed);
         if let Some(per_frame) = messages.checked_div(frames) {
-            self.frame_sizes.written.record(per_frame, frames);
+            self.shapes.written.record(per_frame, frames);
         }
     }
 
-    pub(crate) fn received(&self, frames: u64, messages: u64, bytes: u64) {
+    /// A connection's reader handed up one batch: `frames` holding `messages` in `bytes`, after
+    /// waking up `wakeups` times since its previous batch.
+    pub(crate) fn received(&self, frames: u64, messages: u64, bytes: u64, wakeups: u64) {
         self.frames_received.fetch_add(frames, Relaxed);
         self.messages_received.fetch_add(messages, Relaxed);
         self.bytes_received.fetch_add(bytes, Relaxed);
         if let Some(per_frame) = messages.checked_div(frames) {
-            self.frame_sizes.read.record(per_frame, frames);
+            self.shapes.read.record(per_frame, frames);
         }
+        self.shapes.wakeups_per_batch.record(wakeups, 1);
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -61,21 +64,32 @@ impl Counters {
     }
 }
 
-/// Messages per frame, read and written (kept per server and per client with the transport
-/// counters, once per read or write).
-pub(crate) struct FrameSizes {
+/// How the traffic came (kept per server and per client with the transport counters, once per
+/// batch read or write).
+pub(crate) struct Shapes {
+    /// Messages per frame read.
     pub read: Histogram,
+    /// Messages per frame written.
     pub written: Histogram,
+    /// For each batch of messages a connection's reader handed up: how many times it had
+    /// waited for its socket and been woken since the batch before. 0 when the batch was
+    /// already in the buffer or came with the first read; more than 1 when a frame arrived in
+    /// pieces (or the socket woke the reader with nothing to read).
+    pub wakeups_per_batch: Histogram,
 }
 
-impl Default for FrameSizes {
+impl Default for Shapes {
     fn default() -> Self {
-        FrameSizes { read: Histogram::new(Shape::COUNT), written: Histogram::new(Shape::COUNT) }
+        Shapes {
+            read: Histogram::new(Shape::COUNT),
+            written: Histogram::new(Shape::COUNT),
+            wakeups_per_batch: Histogram::new(Shape::COUNT),
+        }
     }
 }
 
-impl std::fmt::Debug for FrameSizes {
+impl std::fmt::Debug for Shapes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FrameSizes")
+        f.write_str("Shapes")
     }
 }

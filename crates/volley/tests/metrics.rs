@@ -279,3 +279,179 @@ async fn a_controllers_endpoint_shows_its_services_instances_and_leases() {
     server.shutdown().await;
     controller.shutdown().await;
 }
+
+/// Waits (up to 20 s) until the server's `/vars.json` satisfies `cond`; returns that answer.
+async fn vars_when(admin: SocketAddr, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = vars(admin).await;
+        if cond(&v) {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of the sample `name` with `labels` in Prometheus text.
+fn prom_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<prometheus_parse::Value> {
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    scrape
+        .samples
+        .into_iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| s.value)
+}
+
+/// Request `id` for method `m` (payload 7) in a frame of its own, with extensions `ext`: what
+/// another implementation would send, over the frame layer.
+fn request_frame(m: &Method<u32, u32>, id: u64, ext: &volley::proto::Extensions) -> Vec<u8> {
+    let mut fb = volley::proto::FrameBuilder::new(volley::proto::Limits::default());
+    fb.request(id, 0, ext, (m.service(), m.name()), |b| volley::Wire::encode(&7u32, b)).unwrap();
+    let mut segs = Vec::new();
+    fb.take_into(&mut segs);
+    segs.concat()
+}
+
+/// A raw connection: the server's preamble and answers decoded as they come.
+struct Raw {
+    s: TcpStream,
+    buf: bytes::BytesMut,
+    dec: volley::proto::Decoder,
+}
+
+impl Raw {
+    /// Connects and sends the preamble followed by `first`.
+    async fn connect(addr: &str, first: &[u8]) -> Raw {
+        let mut s = TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).await.unwrap();
+        let mut bytes = volley::proto::PREAMBLE.to_vec();
+        bytes.extend_from_slice(first);
+        s.write_all(&bytes).await.unwrap();
+        Raw { s, buf: bytes::BytesMut::new(), dec: volley::proto::Decoder::new(Default::default()) }
+    }
+
+    /// Reads until `n` answers arrived; returns their codes (`None` for a reply).
+    async fn answers(&mut self, n: usize) -> Vec<Option<Code>> {
+        let (limits, mut out, mut seen) = (volley::proto::Limits::default(), Vec::new(), Vec::new());
+        while seen.len() < n {
+            while let Some(frame) = self.dec.next_frame(&mut self.buf).unwrap() {
+                volley::proto::decode_frame(&frame, &limits, &mut out).unwrap();
+            }
+            for m in out.drain(..) {
+                match m {
+                    volley::proto::Message::Reply { .. } => seen.push(None),
+                    volley::proto::Message::Error { code, .. } => seen.push(Some(code)),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            if seen.len() < n {
+                assert!(
+                    self.s.read_buf(&mut self.buf).await.unwrap() > 0,
+                    "the server closed the connection"
+                );
+            }
+        }
+        seen
+    }
+}
+
+/// Requests answered `DeadlineExceeded` are counted by when their budget ran out — before the
+/// handler ran, or while it ran — beside the requests whose client cancelled them while their
+/// handler ran, and the requests queued in unfinished handlers.
+#[tokio::test]
+async fn deadline_expiries_cancellations_and_queued_requests_are_counted() {
+    const ADD: Method<u32, u32> = Method::new("metrics-deadline-test", "add");
+    const HANG: Method<u32, u32> = Method::new("metrics-deadline-test", "hang");
+    let builder = Server::builder()
+        .handle_fn(&ADD, |n: u32| Ok(n + 1))
+        .handle(&HANG, |_: u32| std::future::pending::<Result<u32, Status>>());
+    let (server, addr, admin) = serve(builder).await;
+    let client = Client::connect(&addr).await.unwrap();
+    // The first reply brings the server's preamble: from then on, the client sends budgets.
+    assert_eq!(client.call(&ADD, 1).await.unwrap(), 2);
+    let v = vars(admin).await;
+    assert_eq!(v["server"]["deadline_expired"], serde_json::json!({"before_handler": 0, "in_handler": 0}));
+
+    // Three calls whose budget is spent when they arrive: never run.
+    for _ in 0..3 {
+        let zero = volley::CallOptions::default().timeout(Duration::ZERO);
+        assert!(client.call_with(&ADD, 1, zero).await.is_err());
+    }
+    // One whose handler is still waiting when its 200 ms run out: its work is dropped. Sent
+    // raw, because a Volley client would cancel it at the same moment, and the two race.
+    let ext = volley::proto::Extensions { deadline_micros: Some(200_000), ..volley::proto::Extensions::NONE };
+    let mut raw = Raw::connect(&addr, &request_frame(&HANG, 1, &ext)).await;
+    assert_eq!(raw.answers(1).await, vec![Some(Code::DeadlineExceeded)]);
+    let v = vars_when(admin, "4 expiries", |v| {
+        v["server"]["deadline_expired"]["before_handler"] == 3
+            && v["server"]["deadline_expired"]["in_handler"] == 1
+    })
+    .await;
+    assert_eq!(server.expired_requests(), 4);
+    assert_eq!(v["server"]["cancelled_requests"], 0);
+
+    // One the caller drops while its handler waits: queued, then cancelled.
+    let long = volley::CallOptions::default().timeout(Duration::from_secs(60));
+    let pending = tokio::spawn({
+        let client = client.clone();
+        async move { client.call_with(&HANG, 0, long).await }
+    });
+    vars_when(admin, "the hanging request to be queued", |v| v["server"]["queued_requests"] == 1).await;
+    pending.abort();
+    let v = vars_when(admin, "the cancel", |v| v["server"]["cancelled_requests"] == 1).await;
+    assert_eq!(v["server"]["queued_requests"], 0);
+    assert_eq!(server.cancelled_requests(), 1);
+
+    let (_, text) = get(admin, "/metrics").await;
+    let counter = |name: &str, labels: &[(&str, &str)]| match prom_value(&text, name, labels) {
+        Some(prometheus_parse::Value::Counter(v)) => v,
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(counter("volley_server_deadline_expired_total", &[("stage", "before_handler")]), 3.0);
+    assert_eq!(counter("volley_server_deadline_expired_total", &[("stage", "in_handler")]), 1.0);
+    assert_eq!(counter("volley_server_cancelled_requests_total", &[]), 1.0);
+    assert!(matches!(
+        prom_value(&text, "volley_server_queued_requests", &[]),
+        Some(prometheus_parse::Value::Gauge(v)) if v == 0.0
+    ));
+    server.shutdown().await;
+}
+
+/// Each batch a connection's reader hands up records how often the reader waited for its
+/// socket since the batch before: requests already buffered cost no wake-up, a request sent
+/// after the previous reply needs one.
+#[tokio::test]
+async fn reader_wake_ups_are_counted_per_batch() {
+    const ECHO: Method<u32, u32> = Method::new("metrics-wakeup-test", "echo");
+    // Two requests per batch, so that requests read together make several batches. (The
+    // test's runtime has one thread: a request sent after a reply reaches a reader that
+    // finished its turn and waits for the socket, as a remote client's would.)
+    let (server, addr, admin) = serve(Server::builder().max_batch(2).handle_fn(&ECHO, Ok)).await;
+    let frames = |ids: std::ops::Range<u64>| -> Vec<u8> {
+        ids.flat_map(|id| request_frame(&ECHO, id, &volley::proto::Extensions::NONE)).collect()
+    };
+    // Six requests in one write after the preamble: three batches from one read.
+    let mut raw = Raw::connect(&addr, &frames(1..7)).await;
+    assert_eq!(raw.answers(6).await, vec![None; 6]);
+    let v = vars(admin).await;
+    let w = &v["server"]["reader_wakeups"];
+    assert_eq!(w["batches"], 3, "{v}");
+    // The reader may have waited once for the first (or found everything there already).
+    let woken = w["wakeups"].as_u64().unwrap();
+    assert!(woken <= 1, "the batches read with the first needed no wake-up: {w}");
+    // Then five one at a time, each after the previous reply: each needs the reader woken.
+    for id in 7..12 {
+        raw.s.write_all(&frames(id..id + 1)).await.unwrap();
+        assert_eq!(raw.answers(1).await, vec![None]);
+    }
+    let v = vars(admin).await;
+    let w = &v["server"]["reader_wakeups"];
+    assert_eq!(w["batches"], 8, "{v}");
+    assert!(w["wakeups"].as_u64().unwrap() >= woken + 5, "a wake-up per request sent alone: {w}");
+    let (_, text) = get(admin, "/metrics").await;
+    match prom_value(&text, "volley_server_reader_wakeups_per_batch", &[]) {
+        Some(prometheus_parse::Value::Histogram(b)) => assert_eq!(b.last().unwrap().count, 8.0),
+        other => panic!("wake-ups per batch: {other:?}"),
+    }
+    server.shutdown().await;
+}

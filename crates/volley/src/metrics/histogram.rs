@@ -91,14 +91,16 @@ impl Snapshot {
         Snapshot { counts, sum: self.sum.wrapping_sub(earlier.sum), report_lowest: self.report_lowest }
     }
 
-    /// For each bound in `bounds` (ascending), how many values were below it: Prometheus's
-    /// cumulative buckets. Powers of two are bucket edges of every shape, so the counts are
-    /// exact at bounds that are powers of two.
+    /// For each bound in `bounds` (ascending), how many values were at most it: Prometheus's
+    /// cumulative `le` buckets, from the buckets that end at or below the bound. Exact where a
+    /// bucket ends at the bound: every count below 64 (their buckets hold one value each).
+    /// Powers of two start buckets, so at a power-of-two bound on the latency shape the values
+    /// equal to it count with the next bound: a nanosecond, not a bucket, off.
     pub(crate) fn cumulative(&self, bounds: &[u64]) -> Vec<(u64, u64)> {
         let mut out = Vec::with_capacity(bounds.len());
         let (mut buckets, mut below) = (self.counts.iter().peekable(), 0u64);
         for &bound in bounds {
-            while let Some(b) = buckets.next_if(|b| b.end() < bound) {
+            while let Some(b) = buckets.next_if(|b| b.end() <= bound) {
                 below += b.count();
             }
             out.push((bound, below));
@@ -150,5 +152,16 @@ mod tests {
         h.record(1 << 40, 1); // over the top: kept as the largest value
         let c = h.snapshot().cumulative(&[1024, 2048, 1 << 36, u64::MAX]);
         assert_eq!(c, vec![(1024, 1), (2048, 3), (1 << 36, 4), (u64::MAX, 4)]);
+    }
+
+    #[test]
+    fn a_count_bucket_holds_the_values_at_most_its_bound() {
+        let h = Histogram::new(Shape::COUNT);
+        for v in [0, 1, 1, 2, 3, 4, 5] {
+            h.record(v, 1);
+        }
+        // Prometheus's `le`: a frame of one message is in the bucket `le="1"`.
+        let c = h.snapshot().cumulative(&[1, 2, 4, 8]);
+        assert_eq!(c, vec![(1, 3), (2, 4), (4, 6), (8, 7)]);
     }
 }

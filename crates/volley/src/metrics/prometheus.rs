@@ -17,13 +17,13 @@ use super::scrape::{Named, Scrape};
 /// The `Content-Type` of the text this module writes.
 pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
-/// Latency bucket bounds: every power of four nanoseconds from 1 µs to 17 s (exact: powers of
-/// two are edges of the histogram's buckets).
+/// Latency bucket bounds: every power of four nanoseconds from 1 µs to 17 s (powers of two
+/// are edges of the histogram's buckets, so each bound counts within a nanosecond).
 fn latency_bounds() -> impl Iterator<Item = u64> {
     (10..=34).step_by(2).map(|p| 1u64 << p)
 }
 
-/// Batch and frame-size bounds: 1, 2, 4 ... 65,536.
+/// Batch, frame-size and wake-up bounds: 1, 2, 4 ... 65,536 (exact up to 32).
 fn count_bounds() -> impl Iterator<Item = u64> {
     (0..=16).map(|p| 1u64 << p)
 }
@@ -180,6 +180,29 @@ fn server(enc: &mut DescriptorEncoder, s: &Scrape) -> Result<(), FmtError> {
         "Requests answered Overloaded (queue bound full).",
         sv.overload_refusals,
     )?;
+    let mut m = enc.encode_descriptor(
+        "volley_server_deadline_expired",
+        "Requests answered DeadlineExceeded as their caller's time budget ran out: before their \
+         handler ran (it never ran for them) or while it ran (its work was dropped).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (stage, n) in [("before_handler", sv.expiries.before_handler), ("in_handler", sv.expiries.in_handler)]
+    {
+        m.encode_family(&[("stage", stage)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+    }
+    counter(
+        enc,
+        "volley_server_cancelled_requests",
+        "Requests whose running handler was stopped because their client cancelled them.",
+        sv.cancelled,
+    )?;
+    gauge(
+        enc,
+        "volley_server_queued_requests",
+        "Requests held now by handlers that did not finish on their first poll (bounded by max_queued).",
+        sv.queued,
+    )?;
     let t = &sv.transport;
     counter(enc, "volley_server_frames_read", "Frames received.", t.frames_received)?;
     counter(enc, "volley_server_frames_written", "Frames sent.", t.frames_sent)?;
@@ -190,6 +213,13 @@ fn server(enc: &mut DescriptorEncoder, s: &Scrape) -> Result<(), FmtError> {
     for (name, help, h) in [
         ("volley_server_messages_per_frame_read", "Messages per frame received.", &sv.per_frame_read),
         ("volley_server_messages_per_frame_written", "Messages per frame sent.", &sv.per_frame_written),
+        (
+            "volley_server_reader_wakeups_per_batch",
+            "For each batch of messages a connection's reader handed to the dispatcher, how many times \
+             it had waited for its socket and been woken since the batch before (0: the bytes were \
+             already there).",
+            &sv.wakeups_per_batch,
+        ),
     ] {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
         histogram(&mut m, h, count_bounds(), 1.0)?;

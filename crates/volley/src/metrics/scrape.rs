@@ -36,8 +36,26 @@ pub(crate) struct ServerScrape {
     pub transport: Snapshot,
     pub per_frame_read: histogram::Snapshot,
     pub per_frame_written: histogram::Snapshot,
+    /// Reader wake-ups per batch of messages read (see `stats::Shapes`).
+    pub wakeups_per_batch: histogram::Snapshot,
     /// Requests answered `Overloaded` because the server's queue bound was full.
     pub overload_refusals: u64,
+    /// Requests answered `DeadlineExceeded`.
+    pub expiries: Expiries,
+    /// Requests whose running handler was stopped because their client cancelled them.
+    pub cancelled: u64,
+    /// Requests held now by handlers that did not finish on their first poll (what
+    /// `ServerConfig::max_queued` bounds).
+    pub queued: u64,
+}
+
+/// Requests answered `DeadlineExceeded` because their caller's time budget ran out.
+#[derive(Clone, Copy, serde::Serialize)]
+pub(crate) struct Expiries {
+    /// Before their handler ran: it never ran for them.
+    pub before_handler: u64,
+    /// While their handler ran: its work was dropped.
+    pub in_handler: u64,
 }
 
 /// A controller's registry.

@@ -415,6 +415,7 @@ impl Dispatch {
                     let _ = outbox.push(|fb| ids.iter().for_each(|&id| fb.error(id, Code::ShuttingDown, DROPPED_AT_DEADLINE)));
                 }
                 () = sleep_until_some(deadline) => {
+                    shared.observe.expired_running.fetch_add(ids.len() as u64, Ordering::Relaxed);
                     let _ = outbox.push(|fb| expire(&shared, fb, &ids));
                 }
                 // The client cancelled every request of this work: it stops. The answer is

@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 
 use super::{Server, Shared};
 use crate::error::Error;
-use crate::metrics::scrape::{Named, RegistryScrape, Scrape, ServerScrape};
+use crate::metrics::scrape::{Expiries, Named, RegistryScrape, Scrape, ServerScrape};
 use crate::stats::Snapshot;
 
 /// A layer built on the server that has more to show (the registry of a controller).
@@ -22,6 +22,9 @@ pub(crate) trait RegistrySource: Send + Sync + 'static {
 pub(crate) struct Observe {
     /// Requests answered `Overloaded` because the queue bound was full.
     pub(crate) overload_refusals: AtomicU64,
+    /// Of the requests answered `DeadlineExceeded` (`Shared::expired`), those whose handler
+    /// was running: its work was dropped.
+    pub(crate) expired_running: AtomicU64,
     started: Instant,
     /// The admin endpoint's address, once started.
     admin: tokio::sync::OnceCell<SocketAddr>,
@@ -32,6 +35,7 @@ impl Default for Observe {
     fn default() -> Self {
         Observe {
             overload_refusals: AtomicU64::new(0),
+            expired_running: AtomicU64::new(0),
             started: Instant::now(),
             admin: tokio::sync::OnceCell::new(),
             registry: OnceLock::new(),
@@ -62,13 +66,28 @@ impl Shared {
                 accepted,
                 refused,
                 transport: self.counters.snapshot(),
-                per_frame_read: self.counters.frame_sizes.read.snapshot(),
-                per_frame_written: self.counters.frame_sizes.written.snapshot(),
+                per_frame_read: self.counters.shapes.read.snapshot(),
+                per_frame_written: self.counters.shapes.written.snapshot(),
+                wakeups_per_batch: self.counters.shapes.wakeups_per_batch.snapshot(),
                 overload_refusals: self.observe.overload_refusals.load(Relaxed),
+                expiries: self.expiries(),
+                cancelled: self.cancelled.load(Relaxed),
+                queued: self.queued.load(Relaxed) as u64,
             },
             client: Scrape::client_methods(),
             registry,
         }
+    }
+}
+
+impl Shared {
+    /// The requests answered `DeadlineExceeded` so far, by when their budget ran out. A
+    /// request is counted as running before it is counted in the total, and the total is read
+    /// first, so one caught between the two counts never shows as one that did not run.
+    fn expiries(&self) -> Expiries {
+        let all = self.expired.load(Relaxed);
+        let running = self.observe.expired_running.load(Relaxed);
+        Expiries { before_handler: all.saturating_sub(running), in_handler: running }
     }
 }
 

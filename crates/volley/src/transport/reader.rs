@@ -72,6 +72,8 @@ pub struct FrameReader<R> {
     stall_deadline: Option<tokio::time::Instant>,
     /// Messages and bytes handed up since this reader last waited for the socket.
     spent: (usize, usize),
+    /// Times this reader waited for the socket and was woken since it last handed up a batch.
+    wakeups: u64,
 }
 
 impl<R: ReadHalf> FrameReader<R> {
@@ -86,6 +88,7 @@ impl<R: ReadHalf> FrameReader<R> {
             read_timeout: None,
             stall_deadline: None,
             spent: (0, 0),
+            wakeups: 0,
         }
     }
 
@@ -160,7 +163,8 @@ impl<R: ReadHalf> FrameReader<R> {
                 }
             }
             if out.len() > before {
-                counters.received(frames, (out.len() - before) as u64, bytes);
+                counters.received(frames, (out.len() - before) as u64, bytes, self.wakeups);
+                self.wakeups = 0;
                 self.spent.0 += out.len() - before;
                 self.spent.1 += bytes as usize;
                 return Ok(true);
@@ -210,7 +214,8 @@ impl<R: ReadHalf> FrameReader<R> {
         }
     }
 
-    /// Waits for the socket; a wait that parks the task starts a fresh turn budget.
+    /// Waits for the socket; a wait that parks the task starts a fresh turn budget and counts
+    /// as a wake-up.
     async fn wait_readable(&mut self) -> Result<(), ReadError> {
         let rd = &self.rd;
         let mut readable = std::pin::pin!(rd.readable());
@@ -223,6 +228,7 @@ impl<R: ReadHalf> FrameReader<R> {
         .await;
         if parked {
             self.spent = (0, 0);
+            self.wakeups += 1;
         }
         r.map_err(ReadError::from_io)
     }
