@@ -64,11 +64,13 @@ pub struct ServiceConfig {
     /// the registry's.
     pub client: ClientConfig,
     /// Keepalive of the connections to instances, in place of `client.keepalive` (`None`: that
-    /// one). Default: a connection with calls waiting is pinged after 1 s without receiving
-    /// anything and declared dead 2 s after an unanswered ping, so a frozen instance (a stopped
+    /// one). Default: a connection with calls waiting is pinged after 500 ms without receiving
+    /// anything and declared dead 1 s after an unanswered ping, so a frozen instance (a stopped
     /// process, a hung host whose kernel still accepts bytes) fails its calls as a lost
-    /// connection within about 4 s — idempotent ones move to another instance — and is left
-    /// out until a probe gets an answer; an idle connection is pinged after 30 s.
+    /// connection within about 2 s — idempotent ones move to another instance — and is left
+    /// out until a probe gets an answer; an idle connection is pinged after 30 s. A live
+    /// server answers a ping after the requests read with it, so only one that sends nothing
+    /// at all for 1.5 s while calls wait is taken for dead.
     pub instance_keepalive: Option<Keepalive>,
     /// How long the controller may hold one watch (long poll) before answering "no change".
     pub watch_timeout: Duration,
@@ -101,7 +103,7 @@ impl Default for ServiceConfig {
             balance: Balance::RoundRobin,
             client: ClientConfig::default(),
             instance_keepalive: Some(
-                Keepalive::new(Duration::from_secs(30), Duration::from_secs(2)).busy(Duration::from_secs(1)),
+                Keepalive::new(Duration::from_secs(30), Duration::from_secs(1)).busy(Duration::from_millis(500)),
             ),
             watch_timeout: Duration::from_secs(30),
             quarantine: Duration::from_secs(5),
