@@ -222,8 +222,19 @@ impl Client {
         // 256-caller tcp benchmark (a nested future the compiler no longer inlines, copied once
         // more), for one thing only: an inproc handler's calls would be the span's children
         // rather than its siblings. The check of a disabled span allocates nothing.
-        let (_span, trace) = trace::call_span(m.service(), m.name());
-        let result = self.call_unmetered(m, req, opts, trace).await;
+        let (span, trace) = trace::call_span(m.service(), m.name());
+        // Untraced calls hold neither the span nor a trace context across the wait: a larger
+        // call future is copied more (11-20% more CPU per call at 256 callers, measured).
+        let result = match trace {
+            None => {
+                drop(span);
+                self.call_unmetered(m, req, opts, None).await
+            }
+            Some(trace) => {
+                let _span = span;
+                self.call_unmetered(m, req, opts, Some(trace)).await
+            }
+        };
         if let Some(meter) = meter {
             meter.finish(&result);
         }

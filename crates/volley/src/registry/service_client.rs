@@ -103,7 +103,8 @@ impl Default for ServiceConfig {
             balance: Balance::RoundRobin,
             client: ClientConfig::default(),
             instance_keepalive: Some(
-                Keepalive::new(Duration::from_secs(30), Duration::from_secs(1)).busy(Duration::from_millis(500)),
+                Keepalive::new(Duration::from_secs(30), Duration::from_secs(1))
+                    .busy(Duration::from_millis(500)),
             ),
             watch_timeout: Duration::from_secs(30),
             quarantine: Duration::from_secs(5),
