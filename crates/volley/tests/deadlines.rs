@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use volley::proto::{Decoder, Extensions, FrameBuilder, Limits, Message, PREAMBLE};
-use volley::{CallOptions, Client, ClientConfig, Code, Error, Method, Server};
+use volley::{CallOptions, Client, ClientConfig, Code, Error, Method, Server, ServerBuilder};
 
 #[path = "support/old_server.rs"]
 mod old_server;
@@ -48,23 +48,28 @@ impl Drop for Dropped {
     }
 }
 
+/// Adds `hang`, which never answers: it counts its runs in `started` and how many of its
+/// futures were dropped in `dropped`.
+fn with_hang(b: ServerBuilder, started: Arc<AtomicUsize>, dropped: Arc<AtomicUsize>) -> ServerBuilder {
+    b.handle(&HANG, move |_: u64| {
+        started.fetch_add(1, Ordering::SeqCst);
+        let guard = Dropped(dropped.clone());
+        async move {
+            std::future::pending::<()>().await;
+            drop(guard);
+            Ok(0)
+        }
+    })
+}
+
 /// A server whose `add_one` counts its runs and whose `hang` never answers (it counts how many
 /// of its futures were dropped).
 fn counting_server(runs: Arc<AtomicUsize>, dropped: Arc<AtomicUsize>) -> Server {
-    Server::builder()
-        .handle_fn(&ADD_ONE, move |x: u64| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok(x + 1)
-        })
-        .handle(&HANG, move |_: u64| {
-            let guard = Dropped(dropped.clone());
-            async move {
-                std::future::pending::<()>().await;
-                drop(guard);
-                Ok(0)
-            }
-        })
-        .build()
+    let b = Server::builder().handle_fn(&ADD_ONE, move |x: u64| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok(x + 1)
+    });
+    with_hang(b, Arc::default(), dropped).build()
 }
 
 /// Sends raw requests for `add_one` with the given budgets (over the frame layer, as another implementation
@@ -306,20 +311,7 @@ fn forwarding_server(next: Client, to: &'static Method<u64, u64>, dropped: Arc<A
 #[tokio::test]
 async fn cancelling_the_first_call_cancels_every_hop() {
     let (started, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let inner = {
-        let (started, dropped) = (started.clone(), dropped.clone());
-        Server::builder()
-            .handle(&HANG, move |_: u64| {
-                started.fetch_add(1, Ordering::SeqCst);
-                let guard = Dropped(dropped.clone());
-                async move {
-                    std::future::pending::<()>().await;
-                    drop(guard);
-                    Ok(0)
-                }
-            })
-            .build()
-    };
+    let inner = with_hang(Server::builder(), started.clone(), dropped.clone()).build();
     let inner_addr = inner.listen(&address("cancel3")).await.unwrap().to_string();
     let middle_dropped = Arc::new(AtomicUsize::new(0));
     let middle =

@@ -370,22 +370,26 @@ impl Shared {
 
     /// The answer to `refused` requests turned away because the queue bound is full.
     pub(crate) fn overloaded(&self, refused: usize) -> Status {
-        self.observe.overload_refusals.fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
-        Status::new(
-            crate::Code::Overloaded,
+        self.refuse(
+            refused,
             format!("server is over its bound of {} queued requests", self.config.max_queued),
         )
     }
 
     /// The answer to `refused` requests turned away by the adaptive concurrency limit.
     pub(crate) fn over_limit(&self, refused: usize, limit: usize) -> Status {
-        self.observe.overload_refusals.fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
-        Status::new(
-            crate::Code::Overloaded,
+        self.refuse(
+            refused,
             format!(
                 "server is over its concurrency limit ({limit} requests at once, adapted to its latency)"
             ),
         )
+    }
+
+    /// Counts `refused` overload refusals and says why.
+    fn refuse(&self, refused: usize, why: String) -> Status {
+        self.observe.overload_refusals.fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
+        Status::new(crate::Code::Overloaded, why)
     }
 
     /// Spawns on the server's runtime (the one `listen` was first called on).
