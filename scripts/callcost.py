@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Instructions per call, counted by valgrind (callgrind), for builds side by side.
+
+    cargo build --release -p volley --example callcost
+    python3 scripts/callcost.py [--bin target/release/examples/callcost] [--compare OTHER] \
+        [--scenario tcp-256 ...] [--profile DIR] [--no-metrics]
+
+Timing a benchmark on a shared 2-core machine moves by 10% from one minute to the next; the
+instructions a call executes do not. Each scenario runs the `callcost` example twice, with N
+and 2N calls per caller, and reports (I(2N) - I(N)) / (callers x N): the cost of one more call,
+without the start-up (runtime, connection) that both runs share. Instructions are not time
+(a cache miss costs more than an add), so this complements the timed benchmarks and does not
+replace them: it tells what a change adds to the work of a call, exactly.
+
+With --profile DIR the 2N run's callgrind file is kept there, for `callgrind_annotate`.
+With --no-metrics the library's metrics are off (both sides); --compare-metrics runs one build
+with them on and off, side by side: what they cost per call.
+"""
+import argparse, os, re, subprocess, sys
+
+# (name, callers, calls per caller for the short run, transport, mode)
+SCENARIOS = {
+    "tcp-256": (256, 600, "tcp", "single"),
+    "tcp-1": (1, 20000, "tcp", "single"),
+    "unix-256": (256, 200, "unix", "single"),
+    "inproc-256": (256, 1000, "inproc", "single"),
+    "tcp-batch": (8, 50, "tcp", "batch"),
+    "inproc-batch": (8, 100, "inproc", "batch"),
+}
+
+
+def instructions(binary, callers, per, transport, mode, metrics, out):
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
+           str(callers), str(per), transport, mode, metrics]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{run.stderr[-2000:]}")
+    m = re.search(r"Collected : (\d+)", run.stderr)
+    if not m:
+        sys.exit(f"no instruction count in valgrind's output:\n{run.stderr[-2000:]}")
+    return int(m.group(1)), int(run.stdout.split()[0])
+
+
+def per_call(binary, scenario, profile, metrics):
+    callers, per, transport, mode = SCENARIOS[scenario]
+    short_out = f"/tmp/callcost.{os.getpid()}.short"
+    long_out = os.path.join(profile, f"{scenario}.{os.path.basename(binary)}.callgrind") if profile \
+        else f"/tmp/callcost.{os.getpid()}.long"
+    i1, n1 = instructions(binary, callers, per, transport, mode, metrics, short_out)
+    i2, n2 = instructions(binary, callers, 2 * per, transport, mode, metrics, long_out)
+    os.unlink(short_out)
+    if not profile:
+        os.unlink(long_out)
+    return (i2 - i1) / (n2 - n1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/examples/callcost")
+    ap.add_argument("--compare", metavar="OTHER_BIN", help="a second build of the example")
+    ap.add_argument("--scenario", action="append", choices=SCENARIOS)
+    ap.add_argument("--profile", metavar="DIR")
+    ap.add_argument("--no-metrics", action="store_true")
+    ap.add_argument("--compare-metrics", action="store_true", help="metrics on against off")
+    a = ap.parse_args()
+    if a.compare and a.compare_metrics:
+        sys.exit("--compare and --compare-metrics: one at a time")
+    if a.profile:
+        os.makedirs(a.profile, exist_ok=True)
+    metrics = "nometrics" if a.no_metrics else "metrics"
+    # A variant: a build and whether its metrics are on.
+    variants = [(a.bin, metrics)]
+    if a.compare:
+        variants.append((a.compare, metrics))
+    if a.compare_metrics:
+        variants = [(a.bin, "metrics"), (a.bin, "nometrics")]
+    head = "| scenario | " + " | ".join(f"instructions per item, {b} ({m})" for b, m in variants)
+    two = len(variants) == 2
+    print(head + (" | ratio |" if two else " |"))
+    print("|---|" + "---:|" * (len(variants) + two))
+    for s in a.scenario or ["tcp-256", "tcp-1", "inproc-256", "tcp-batch"]:
+        costs = [per_call(b, s, a.profile, m) for b, m in variants]
+        row = f"| {s} | " + " | ".join(f"{c:,.0f}" for c in costs)
+        if two:
+            row += f" | {costs[0] / costs[1]:.3f}"
+        print(row + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
