@@ -57,13 +57,22 @@ impl SpanContext {
 /// Inlined, so that the check of a disabled span is all a call pays without a subscriber; the
 /// work of an enabled one is out of line.
 #[inline]
-pub(crate) fn call_span(service: &str, method: &str) -> (Span, Option<TraceParent>) {
+pub(crate) fn call_span(service: &str, method: &str) -> Option<Box<CallTrace>> {
     let span = tracing::info_span!("volley.call", service, method, trace_id = Empty, span_id = Empty);
     if span.is_disabled() {
-        return (span, None);
+        return None;
     }
-    let tp = link_call(&span);
-    (span, Some(tp))
+    let parent = link_call(&span);
+    Some(Box::new(CallTrace { _span: span, parent }))
+}
+
+/// A traced call's span, held for as long as the call runs, and the trace context its request
+/// carries. Boxed: an untraced call's future then holds one null pointer across its wait, where
+/// the span and the context inline made it large enough to be moved by `memcpy` on every call
+/// (8-12% more instructions per inproc call, scripts/callcost.py).
+pub(crate) struct CallTrace {
+    _span: Span,
+    pub parent: TraceParent,
 }
 
 /// Gives an enabled call span its ids: in the trace of its nearest traced ancestor, if any.
@@ -177,9 +186,7 @@ mod tests {
     fn spans_no_subscriber_wants_are_disabled_and_send_nothing() {
         let subscriber = tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::WARN);
         tracing::subscriber::with_default(subscriber, || {
-            let (span, tp) = call_span("s", "m");
-            assert!(span.is_disabled());
-            assert_eq!(tp, None);
+            assert!(call_span("s", "m").is_none());
             assert!(serve_span(&Bytes::from("s"), &Bytes::from("m"), None).is_none());
         });
     }
@@ -193,13 +200,14 @@ mod tests {
             let _in = serve.enter();
             // A user's span in between is passed through.
             let _user = tracing::info_span!("user").entered();
-            let (_call, tp) = call_span("t", "n");
-            let tp = tp.expect("an enabled span sends its context");
+            let call = call_span("t", "n").expect("an enabled span sends its context");
+            assert!(!call._span.is_disabled());
+            let tp = call.parent;
             assert_eq!(tp.trace_id, [7; 16]);
             assert_eq!(tp.flags, 0, "the caller's sampling decision travels on");
             assert_ne!(tp.parent_id, [9; 8], "the call has a span id of its own");
-            let (_root, root) = tracing::info_span!(parent: None, "other").in_scope(|| call_span("t", "n"));
-            let root = root.unwrap();
+            let root = tracing::info_span!(parent: None, "other").in_scope(|| call_span("t", "n"));
+            let root = root.expect("enabled").parent;
             assert_ne!(root.trace_id, [7; 16], "a call outside any trace starts one");
             assert_eq!(root.flags, SAMPLED);
         });

@@ -157,7 +157,8 @@ impl Client {
         let meter = self.inner.meter(m, n, crate::metrics::Timing::Batch);
         let timeout = crate::context::budget(opts.timeout.unwrap_or(self.inner.config.timeout));
         // A chunk is one request on the wire: one span (disabled unless a subscriber records it).
-        let (_span, trace) = crate::trace::call_span(m.service(), m.name()); // as in `call_with`
+        let traced = crate::trace::call_span(m.service(), m.name()); // as in `call_with`
+        let trace = traced.as_ref().map(|t| &t.parent);
         let result = match self.inner.connection().await {
             Err(e) => Err(e),
             Ok(conn) => match &*conn {

@@ -64,11 +64,9 @@ struct FlowControl {
 /// The server's `DeadlineExceeded` for a request that carried this call's budget is this call's
 /// timeout, seen first by the server: the caller gets the same error whichever side noticed
 /// first.
-fn timed_out(e: Error, ext: &Extensions, timeout: Duration) -> Error {
+fn timed_out(e: Error, sent_budget: bool, timeout: Duration) -> Error {
     match e {
-        Error::Remote(s) if s.code == Code::DeadlineExceeded && ext.deadline_micros.is_some() => {
-            Error::Timeout(timeout)
-        }
+        Error::Remote(s) if s.code == Code::DeadlineExceeded && sent_budget => Error::Timeout(timeout),
         e => e,
     }
 }
@@ -388,7 +386,7 @@ impl StreamConn {
         m: &Method<Req, Resp>,
         req: &Req,
         flags: u8,
-        sending: (Duration, Option<TraceParent>),
+        sending: (Duration, Option<&TraceParent>),
     ) -> Result<Resp, Error> {
         let reply = self
             .roundtrip(id, next_id, 1, sending, |fb, id, ext| match req.as_bytes() {
@@ -416,7 +414,7 @@ impl StreamConn {
         m: &Method<Req, Resp>,
         items: &[Req],
         flags: u8,
-        sending: (Duration, Option<TraceParent>),
+        sending: (Duration, Option<&TraceParent>),
     ) -> Result<Vec<Result<Resp, Error>>, Error> {
         let reply = self
             .roundtrip(id, next_id, items.len(), sending, |fb, id, ext| {
@@ -449,7 +447,7 @@ impl StreamConn {
         id: u64,
         next_id: impl FnMut() -> u64,
         items: usize,
-        (timeout, trace): (Duration, Option<TraceParent>),
+        (timeout, trace): (Duration, Option<&TraceParent>),
         push: impl FnOnce(&mut FrameBuilder, u64, &Extensions) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
         // A call that finds no room waits for it within its timeout, and has what is left of
@@ -463,9 +461,13 @@ impl StreamConn {
                 (admitted.map_err(|_| Error::Timeout(timeout))??, timeout.saturating_sub(t0.elapsed()))
             }
         };
-        let ext = self.extensions(left, trace);
-        let outcome = self.send_and_wait(id, next_id, timeout, left, |fb, id| push(fb, id, &ext)).await;
-        outcome.map_err(|e| timed_out(e, &ext, timeout))
+        // The extensions are made where the request is written, not held across the wait:
+        // a trace context there would enlarge every call's future.
+        let sent_budget = self.sends_budget(left);
+        let outcome = self
+            .send_and_wait(id, next_id, timeout, left, |fb, id| push(fb, id, &self.extensions(left, trace)))
+            .await;
+        outcome.map_err(|e| timed_out(e, sent_budget, timeout))
     }
 
     /// Registers a waiter that gives up after `left` (reporting the call's `timeout`), queues
@@ -523,7 +525,7 @@ impl StreamConn {
         method: &str,
         payload: bytes::Bytes,
         flags: u8,
-        sending: (Duration, Option<TraceParent>),
+        sending: (Duration, Option<&TraceParent>),
     ) -> Result<bytes::Bytes, Error> {
         let reply = self
             .roundtrip(id, next_id, 1, sending, |fb, id, ext| {
@@ -537,17 +539,22 @@ impl StreamConn {
     }
 
     /// The extensions of a request whose call may take `timeout`, when the server accepts them:
-    /// its budget in microseconds, when this connection sends budgets, and its `trace` context. A budget beyond the field's range (about 71 minutes)
-    /// is not sent: the server then sets no deadline rather than an early one.
-    /// The trace context goes as it came: `None` unless a subscriber records the call's span.
+    /// its budget in microseconds, when this connection sends budgets, and its `trace` context
+    /// (`None` unless a subscriber records the call's span). A budget beyond the field's range
+    /// (about 71 minutes) is not sent: the server then sets no deadline rather than an early one.
     #[inline]
-    fn extensions(&self, timeout: Duration, trace: Option<TraceParent>) -> Extensions {
+    fn extensions(&self, timeout: Duration, trace: Option<&TraceParent>) -> Extensions {
         if !self.peer_extensions.load(Ordering::Relaxed) {
             return Extensions::NONE;
         }
         let deadline_micros =
             if self.wants_deadlines { u32::try_from(timeout.as_micros()).ok() } else { None };
-        Extensions { deadline_micros, trace_parent: trace }
+        Extensions { deadline_micros, trace_parent: trace.copied() }
+    }
+
+    /// Whether a request whose call may take `timeout` carries it as its budget.
+    fn sends_budget(&self, timeout: Duration) -> bool {
+        self.extensions(timeout, None).deadline_micros.is_some()
     }
 
     pub fn pending_len(&self) -> usize {

@@ -566,10 +566,15 @@ fn addressed_header(
     ext: &Extensions,
 ) {
     let flags = if ext.is_empty() { flags & !FLAG_EXTENSIONS } else { flags | FLAG_EXTENSIONS };
-    b.put_u8(kind as u8);
-    b.put_u8(flags);
-    b.put_u64_le(id);
-    b.put_u8(service.len() as u8);
+    // The fixed-size fields go in one `put_slice`: every put is a capacity check and a call to
+    // `memcpy`, and one put per field made them ~15% of a small call's instructions
+    // (scripts/callcost.py).
+    let mut head = [0u8; 11];
+    head[0] = kind as u8;
+    head[1] = flags;
+    head[2..10].copy_from_slice(&id.to_le_bytes());
+    head[10] = service.len() as u8;
+    b.put_slice(&head);
     b.put_slice(service.as_bytes());
     b.put_u8(method.len() as u8);
     b.put_slice(method.as_bytes());
@@ -579,8 +584,10 @@ fn addressed_header(
 }
 
 fn reply_header(b: &mut BytesMut, id: u64) {
-    b.put_u8(Kind::Reply as u8);
-    b.put_u64_le(id);
+    let mut head = [0u8; 9];
+    head[0] = Kind::Reply as u8;
+    head[1..].copy_from_slice(&id.to_le_bytes());
+    b.put_slice(&head);
 }
 
 fn check_name<E>(name: &str) -> Result<(), BuildError<E>> {
