@@ -120,7 +120,7 @@ impl InstanceSpec {
     /// Adds an address of the instance that only callers on this host can open (a `shm://` or
     /// `unix://` address the server also listens on), and sets the host id to this process's
     /// ([`host_id`](super::host_id)) unless one is set. Where the host id is unknown,
-    /// registering the spec fails with [`Error::Usage`].
+    /// registering the spec fails with [`Error::Usage`](crate::Error::Usage).
     pub fn local_address(mut self, address: impl Into<String>) -> InstanceSpec {
         self.local_addresses.push(address.into());
         if self.host_id.is_empty() {
