@@ -44,13 +44,22 @@ fn client(registry: &Registry, prefer_local: bool) -> ServiceClient {
     ServiceClient::with_registry(registry.clone(), ServiceConfig::default().prefer_local(prefer_local))
 }
 
-/// Calls `n` times; returns the peers the server saw (all must succeed).
-async fn peers(client: &ServiceClient, n: usize) -> Vec<String> {
-    let mut seen = Vec::new();
+/// Calls `n` times: every call must succeed and be served over the transport whose peers start
+/// with `peer` (`tcp://` or `shm peer`). Returns the client's (local connections, local
+/// failures).
+async fn served_over(client: &ServiceClient, n: usize, peer: &str) -> (u64, u64) {
     for _ in 0..n {
-        seen.push(client.call(&PEER, ()).await.expect("the call succeeds"));
+        let seen = client.call(&PEER, ()).await.expect("the call succeeds");
+        assert!(seen.starts_with(peer), "served by {seen}, not over {peer}");
     }
-    seen
+    let stats = client.stats();
+    (stats.local_connections, stats.local_failures)
+}
+
+async fn stop(client: ServiceClient, server: Server, controller: Controller) {
+    drop(client);
+    server.shutdown().await;
+    controller.shutdown().await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -80,15 +89,9 @@ async fn with_prefer_local_a_client_on_the_same_host_connects_over_shm() {
     let local = shm("prefer");
     server.listen_and_register_with("tcp://127.0.0.1:0", &[&local], &registry).await.unwrap();
     let client = client(&registry, true);
-    for peer in peers(&client, 5).await {
-        assert!(peer.starts_with("shm peer"), "served over shm, not {peer}");
-    }
-    let stats = client.stats();
-    assert_eq!((stats.local_connections, stats.local_failures), (1, 0), "one shm connection for 5 calls");
+    assert_eq!(served_over(&client, 5, "shm peer").await, (1, 0), "one shm connection for 5 calls");
     assert_eq!(client.instance_stats("where")[0].connected_to.as_deref(), Some(local.as_str()));
-    drop(client);
-    server.shutdown().await;
-    controller.shutdown().await;
+    stop(client, server, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -98,15 +101,9 @@ async fn without_the_preference_the_client_connects_over_tcp() {
     let (tcp, _) =
         server.listen_and_register_with("tcp://127.0.0.1:0", &[&shm("default")], &registry).await.unwrap();
     let client = client(&registry, false);
-    for peer in peers(&client, 5).await {
-        assert!(peer.starts_with("tcp://127.0.0.1:"), "served over tcp, not {peer}");
-    }
-    let stats = client.stats();
-    assert_eq!((stats.local_connections, stats.local_failures), (0, 0));
+    assert_eq!(served_over(&client, 5, "tcp://127.0.0.1:").await, (0, 0));
     assert_eq!(client.instance_stats("where")[0].connected_to, Some(tcp.to_string()));
-    drop(client);
-    server.shutdown().await;
-    controller.shutdown().await;
+    stop(client, server, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -121,14 +118,8 @@ async fn an_instance_registered_from_another_host_is_reached_at_its_address() {
     assert_eq!(spec.host_id, "another-host", "an explicit host id is kept");
     registry.register(&server, vec![spec], LeaseConfig::default()).await.unwrap();
     let client = client(&registry, true);
-    for peer in peers(&client, 3).await {
-        assert!(peer.starts_with("tcp://"), "served over tcp, not {peer}");
-    }
-    let stats = client.stats();
-    assert_eq!((stats.local_connections, stats.local_failures), (0, 0), "the shm address was not tried");
-    drop(client);
-    server.shutdown().await;
-    controller.shutdown().await;
+    assert_eq!(served_over(&client, 3, "tcp://").await, (0, 0), "the shm address was not tried");
+    stop(client, server, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -140,17 +131,10 @@ async fn a_shm_address_that_cannot_be_opened_falls_back_to_tcp_and_calls_succeed
     let spec = InstanceSpec::new("where", &tcp).local_address(shm("fallback-nobody"));
     registry.register(&server, vec![spec], LeaseConfig::default()).await.unwrap();
     let client = client(&registry, true);
-    for peer in peers(&client, 5).await {
-        assert!(peer.starts_with("tcp://"), "served over tcp, not {peer}");
-    }
-    let stats = client.stats();
-    assert_eq!(stats.local_failures, 1, "tried once, for the one connection made");
-    assert_eq!(stats.local_connections, 0);
-    assert_eq!(stats.instances_dropped, 0, "the instance answers at its address: it stays in");
+    assert_eq!(served_over(&client, 5, "tcp://").await, (0, 1), "tried once, for the one connection made");
+    assert_eq!(client.stats().instances_dropped, 0, "the instance answers at its address: it stays in");
     assert_eq!(client.instance_stats("where")[0].connected_to, Some(tcp));
-    drop(client);
-    server.shutdown().await;
-    controller.shutdown().await;
+    stop(client, server, controller).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -163,7 +147,7 @@ async fn when_the_shm_connection_dies_the_next_one_falls_back_to_tcp() {
     let spec = InstanceSpec::new("where", &tcp).local_address(&local);
     registry.register(&tcp_server, vec![spec], LeaseConfig::default()).await.unwrap();
     let client = client(&registry, true);
-    assert!(peers(&client, 1).await[0].starts_with("shm peer"));
+    assert_eq!(served_over(&client, 1, "shm peer").await, (1, 0));
     shm_server.shutdown().await;
     // Calls that meet the closing connection may fail (they are not idempotent); once the
     // client has seen it close, the next connection goes to tcp.
@@ -179,9 +163,7 @@ async fn when_the_shm_connection_dies_the_next_one_falls_back_to_tcp() {
     let stats = client.stats();
     assert_eq!(stats.local_connections, 1);
     assert!(stats.local_failures >= 1, "{stats:?}");
-    drop(client);
-    tcp_server.shutdown().await;
-    controller.shutdown().await;
+    stop(client, tcp_server, controller).await;
 }
 
 /// The shortest register request of the revision before same-host addresses.
@@ -202,11 +184,8 @@ async fn an_old_style_registration_is_accepted_listed_as_before_and_called_at_it
     assert!(text.contains(&format!(r#""address":"{tcp}","weight":1,"metadata":{{}}}}]"#)), "{text}");
     assert!(!text.contains("host_id") && !text.contains("local_addresses"), "{text}");
     let client = client(&registry, true);
-    assert!(peers(&client, 3).await.iter().all(|p| p.starts_with("tcp://")));
-    assert_eq!(client.stats().local_failures, 0, "nothing to try");
-    drop(client);
-    server.shutdown().await;
-    controller.shutdown().await;
+    assert_eq!(served_over(&client, 3, "tcp://").await, (0, 0), "nothing to try");
+    stop(client, server, controller).await;
 }
 
 /// `Instance` and `Resolved` as a client of the revision before same-host addresses reads them
