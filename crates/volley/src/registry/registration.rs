@@ -136,7 +136,7 @@ impl Registry {
 fn check_spec(spec: &InstanceSpec) -> Result<(), String> {
     if !spec.local_addresses.is_empty() && spec.host_id.is_empty() {
         return Err(format!(
-            "{}@{}: local addresses need a host id, and this host's is unknown (set {})",
+            "{}@{}: local addresses need a host id (InstanceSpec::local_address sets this host's, if it is known; {} sets it)",
             spec.service,
             spec.address,
             super::HOST_ID_ENV
