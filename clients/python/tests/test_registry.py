@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+
 import pytest
 
 import volley
-from volley.registry import InstanceSpec, Registry
+from volley.errors import CodecError
+from volley.registry import Instance, InstanceSpec, Registry, host_id
 
 from conftest import Running, run_bench, serve_echo
 
@@ -122,6 +126,75 @@ def test_a_rust_client_calls_a_service_python_registered(controller):
                 assert report["registry_mode"] == "direct", report
                 await lease.deregister()
                 return report
+
+        run(main())
+    finally:
+        server.stop()
+
+
+def test_same_host_fields_are_read_and_written_and_left_out_when_empty():
+    """Revision 2 of §16.2: ``host_id`` and ``local_addresses``, optional both ways."""
+    plain = InstanceSpec("s", "tcp://h:1")
+    assert plain.to_json() == {"service": "s", "address": "tcp://h:1", "weight": 1, "metadata": {}}
+    spec = InstanceSpec("s", "tcp://h:1", host_id="boot/net:[1]", local_addresses=("shm://s",))
+    assert spec.to_json() == {**plain.to_json(), "host_id": "boot/net:[1]", "local_addresses": ["shm://s"]}
+    listed = {"id": 1, "lease": 2, "service": "s", "address": "tcp://h:1"}
+    old = Instance.from_json(listed)
+    assert (old.host_id, old.local_addresses) == ("", ())
+    new = Instance.from_json({**listed, "host_id": "h", "local_addresses": ["shm://s", "unix:///x"]})
+    assert (new.host_id, new.local_addresses) == ("h", ("shm://s", "unix:///x"))
+    with pytest.raises(CodecError):
+        Instance.from_json({**listed, "local_addresses": "shm://s"})
+    with pytest.raises(CodecError):
+        Instance.from_json({**listed, "local_addresses": [1]})
+
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="shm:// and the host id are Linux's")
+
+
+@linux_only
+def test_a_rust_server_with_a_shm_address_resolves_in_python_and_is_called_at_its_address(controller):
+    """`serve-echo --listen-local` registers tcp with shm beside it: Python reads both (and
+    computes the same host id as Rust), and calls the tcp address, the one it can dial."""
+    name, local = f"shm-echo-{os.getpid()}", f"shm://py-resolve-{os.getpid()}"
+    server = serve_echo("--name", name, "--listen-local", local, "--registry", controller.address)
+    try:
+
+        async def main():
+            async with await Registry.connect(controller.address) as registry:
+                found = await registry.resolve(name)
+                while not found.instances:
+                    found = await registry.watch(name, found, timeout=30)
+                [instance] = found.instances
+                assert instance.address == server.address
+                assert instance.local_addresses == (local,)
+                assert instance.host_id == host_id() is not None
+                echo = await registry.service(name)
+                assert await echo.call(volley.Method(name, "echo"), b"over tcp") == b"over tcp"
+
+        run(main())
+    finally:
+        server.stop()
+
+
+@linux_only
+def test_a_shm_address_python_registers_is_taken_by_a_rust_client_on_this_host(controller):
+    """Python registers a Rust echo server's tcp address with its shm address beside it;
+    `volley bench --prefer-local` (the Rust ServiceClient) calls over shm."""
+    local = f"shm://py-register-{os.getpid()}"
+    server = serve_echo("--name", "pyshm", "--listen-local", local)
+    try:
+
+        async def main():
+            async with await Registry.connect(controller.address) as registry:
+                spec = InstanceSpec("pyshm", server.address, host_id=host_id(), local_addresses=(local,))
+                lease = await registry.register([spec])
+                args = ("--registry", controller.address, "--service", "pyshm")
+                for prefer, transport in ((True, "shm"), (False, "tcp")):
+                    extra = ("--prefer-local",) if prefer else ()
+                    report = await asyncio.to_thread(run_bench, *args, *extra)
+                    assert report["transport"] == transport, report
+                await lease.deregister()
 
         run(main())
     finally:

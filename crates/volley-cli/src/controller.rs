@@ -101,6 +101,8 @@ pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), Strin
                                 "address": i.instance.address,
                                 "weight": i.instance.weight,
                                 "metadata": i.instance.metadata,
+                                "host_id": i.instance.host_id,
+                                "local_addresses": i.instance.local_addresses,
                                 "lease": i.instance.lease,
                                 "lease_ttl_ms": i.lease_ttl_ms,
                                 "expires_in_ms": i.expires_in_ms,
@@ -142,6 +144,10 @@ pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), Strin
                         i.expires_in_ms,
                         meta.join(" ")
                     );
+                    if !i.instance.local_addresses.is_empty() {
+                        let (local, host) = (i.instance.local_addresses.join(" "), &i.instance.host_id);
+                        outln!("    and for clients on host {host}: {local}");
+                    }
                 }
             }
         }

@@ -87,17 +87,31 @@ pub struct Security {
     pub registry_token: Option<String>,
 }
 
+/// Where `volley serve-echo` listens, and what it registers.
+pub struct Listen {
+    pub address: String,
+    /// The address registered in place of the one bound (`--advertise`).
+    pub advertise: Option<String>,
+    /// Same-host addresses, listened on and registered beside the address (`--listen-local`).
+    pub local: Vec<String>,
+}
+
 /// `volley serve-echo`: serves until Ctrl-C, then shuts down gracefully (deregistering first
 /// if it registered). A registry that refuses the server for good (a wrong token or
 /// registration credential) ends it too, with a non-zero status.
 pub fn serve(
-    listen: &str,
+    listen: &Listen,
     registry: Option<&str>,
     name: &str,
-    advertise: Option<&str>,
     admin: Option<String>,
     security: &Security,
 ) -> Result<(), String> {
+    if !listen.local.is_empty() && registry.is_some() && volley::registry::host_id().is_none() {
+        return Err(format!(
+            "--listen-local: this host's id is unknown, so no client could tell it shares the host; set {}",
+            volley::registry::HOST_ID_ENV
+        ));
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let tls = match (&security.tls_cert, &security.tls_key) {
         (Some(cert), Some(key)) => Some(
@@ -121,22 +135,30 @@ pub fn serve(
             }
             b
         });
-        let bound = server.listen(listen).await.map_err(|e| e.to_string())?;
+        let bound = server.listen(&listen.address).await.map_err(|e| e.to_string())?;
         eprintln!("serving {name} on {bound} (Ctrl-C to stop)");
+        let mut local = Vec::new();
+        for a in &listen.local {
+            let l = server.listen(a).await.map_err(|e| format!("--listen-local {a}: {e}"))?.to_string();
+            eprintln!("serving {name} on {l} too, for clients on this host");
+            local.push(l);
+        }
         if let Some(admin) = server.admin_address() {
             eprintln!("admin endpoint on http://{admin}/ (/metrics, /vars.json)");
         }
         // A refusal that retrying cannot fix ends the command (after a graceful shutdown).
         let (fatal_tx, mut fatal) = tokio::sync::mpsc::channel::<String>(1);
         if let Some(registry_addr) = registry {
-            let addr = advertise.map(str::to_string).unwrap_or_else(|| bound.to_string());
+            let addr = listen.advertise.clone().unwrap_or_else(|| bound.to_string());
             if addr.contains("0.0.0.0") || addr.contains("[::]") {
                 eprintln!("warning: registering {addr}, which clients cannot dial; use --advertise ADDR");
             }
+            let spec =
+                local.iter().fold(InstanceSpec::new(name.to_string(), addr), |s, l| s.local_address(l));
             let registering = Registering {
                 server: server.clone(),
                 registry: registry_addr.to_string(),
-                spec: InstanceSpec::new(name.to_string(), addr),
+                spec,
                 credential: credential.clone(),
                 token: security.registry_token.clone(),
             };
@@ -188,8 +210,12 @@ impl Registering {
                     {
                         Ok(reg) => {
                             let (name, addr) = (&self.spec.service, &self.spec.address);
+                            let local = match self.spec.local_addresses.join(", ") {
+                                l if l.is_empty() => l,
+                                l => format!(" and {l} for clients on this host"),
+                            };
                             eprintln!(
-                                "registered {name} at {addr} with {} (lease {})",
+                                "registered {name} at {addr}{local} with {} (lease {})",
                                 self.registry,
                                 reg.lease()
                             );

@@ -61,6 +61,12 @@ enum Command {
         /// example when listening on 0.0.0.0).
         #[arg(long)]
         advertise: Option<String>,
+        /// Also listen on this address that only clients on this host can open (shm://NAME,
+        /// shm:///PATH or unix:///PATH), and register it beside the --listen address: clients
+        /// on this host that prefer same-host addresses (`bench --prefer-local`) connect
+        /// through it, others through --listen. May be given more than once.
+        #[arg(long, value_name = "ADDR")]
+        listen_local: Vec<String>,
         /// Serve the admin endpoint over HTTP on HOST:PORT (or a bare PORT on 127.0.0.1): a
         /// status page at /, Prometheus metrics at /metrics, JSON at /vars.json.
         #[arg(long, value_name = "ADDR")]
@@ -179,8 +185,9 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::ServeEcho { listen, registry, name, advertise, admin, security } => {
-            echo::serve(&listen, registry.as_deref(), &name, advertise.as_deref(), admin, &security)
+        Command::ServeEcho { listen, registry, name, advertise, listen_local, admin, security } => {
+            let listen = echo::Listen { address: listen, advertise, local: listen_local };
+            echo::serve(&listen, registry.as_deref(), &name, admin, &security)
         }
         Command::Controller { listen, store, registration_credential, token, admin } => {
             controller::serve(&listen, &store, registration_credential, token, admin)

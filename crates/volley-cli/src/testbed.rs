@@ -37,6 +37,10 @@ pub enum TransportArg {
     Tcp,
     /// Shared memory (Linux), set up over unix sockets.
     Shm,
+    /// Through the registry: every role registers a tcp address and a shm address beside it,
+    /// and the clients (all on this host) connect through the shm one.
+    #[value(name = "tcp+shm")]
+    TcpShm,
 }
 
 /// Default synthetic corpus size: the default matrix (five configurations, the slowest the
@@ -74,12 +78,13 @@ pub struct TestbedArgs {
     /// Run one configuration with this codec tier.
     #[arg(long, value_enum)]
     codec: Option<CodecArg>,
-    /// How the roles talk: unix sockets (default), tcp on loopback, shared memory (shm), or
-    /// inproc (no encoding, so no bytes or messages counted).
+    /// How the roles talk: unix sockets (default), tcp on loopback, shared memory (shm), tcp
+    /// addresses with shm ones beside them in the registry, which the clients prefer (tcp+shm),
+    /// or inproc (no encoding, so no bytes or messages counted).
     #[arg(long, value_enum, default_value = "unix")]
     transport: TransportArg,
-    /// Run every role in its own process (started and stopped by the testbed); needs unix, tcp
-    /// or shm.
+    /// Run every role in its own process (started and stopped by the testbed); needs unix, tcp,
+    /// shm or tcp+shm.
     #[arg(long)]
     processes: bool,
     /// Run the LA role as a Python process (`python -m volley.testbed_la`, from
@@ -104,9 +109,10 @@ pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
         TransportArg::Unix => Transport::Unix,
         TransportArg::Tcp => Transport::Tcp,
         TransportArg::Shm => Transport::Shm,
+        TransportArg::TcpShm => Transport::TcpShm,
     };
     if a.processes && transport == Transport::Inproc {
-        return Err("--processes needs --transport unix, tcp or shm".into());
+        return Err("--processes needs --transport unix, tcp, shm or tcp+shm".into());
     }
     let corpus = match &a.corpus {
         Some(d) => CorpusSpec::Dir(d.clone()),
@@ -177,6 +183,12 @@ pub struct RoleArgs {
     registry: String,
     #[arg(long)]
     listen: String,
+    /// A same-host address to listen on too, registered beside --listen.
+    #[arg(long)]
+    listen_local: Option<String>,
+    /// Connect to instances on this host through their same-host addresses.
+    #[arg(long)]
+    prefer_local: bool,
     #[arg(long, value_enum)]
     mode: ModeArg,
     #[arg(long)]
@@ -212,11 +224,12 @@ pub fn role(a: RoleArgs) -> Result<(), Box<dyn std::error::Error>> {
             Some(d) => CorpusSpec::Dir(d),
             None => CorpusSpec::Synthetic { docs: a.docs, seed: a.seed },
         },
+        prefer_local: a.prefer_local,
     };
     let codec = match a.codec {
         CodecArg::General => CodecKind::General,
         CodecArg::Fast => CodecKind::Fast,
     };
-    volley_testbed::run::role_main(role, codec, settings, &a.listen)?;
+    volley_testbed::run::role_main(role, codec, settings, &a.listen, a.listen_local.as_deref())?;
     Ok(())
 }

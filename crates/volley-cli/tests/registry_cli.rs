@@ -183,3 +183,59 @@ fn ls_into_a_closed_pipe_exits_0_without_a_panic() {
     assert!(out.status.success() && !stderr.contains("panicked"), "{stderr}");
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("registry "));
 }
+
+/// `serve-echo --listen-local` registers a shm address beside its tcp one; `ls` shows both;
+/// `bench --prefer-local` (a client on this host) calls over shm, `bench` without it over tcp.
+#[test]
+#[cfg(target_os = "linux")]
+fn serve_echo_advertises_a_shm_address_and_bench_prefer_local_takes_it() {
+    let (_c, registry, _) = controller(&[]);
+    let (name, local) =
+        (format!("echo-local-{}", std::process::id()), format!("shm://cli-{}", std::process::id()));
+    let serve = ["serve-echo", "--listen", "tcp://127.0.0.1:0", "--listen-local", &local, "--name", &name];
+    let _echo =
+        Child(volley().args(serve).args(["--registry", &registry]).stderr(Stdio::null()).spawn().unwrap());
+    let t0 = Instant::now();
+    let instance = loop {
+        let out = volley().args(["ls", "--registry", &registry, "--json"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let listed = v["services"].as_array().unwrap().iter().find(|s| s["name"] == name.as_str()).cloned();
+        if let Some(s) = listed {
+            break s["instances"][0].clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "serve-echo never registered: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(instance["address"].as_str().unwrap().starts_with("tcp://127.0.0.1:"), "{instance}");
+    assert_eq!(instance["local_addresses"], serde_json::json!([local]), "{instance}");
+    assert!(instance["host_id"].as_str().is_some_and(|h| h.contains("/net:[")), "{instance}");
+    let text =
+        String::from_utf8(volley().args(["ls", "--registry", &registry]).output().unwrap().stdout).unwrap();
+    assert!(
+        text.contains(&format!("for clients on host {}: {local}", instance["host_id"].as_str().unwrap())),
+        "{text}"
+    );
+
+    for (prefer, transport) in [(true, "shm"), (false, "tcp")] {
+        let mut bench = vec!["bench", "--registry", &registry, "--service", &name, "--json"];
+        bench.extend(["--duration", "0.2", "--warmup", "0.05", "--concurrency", "4"]);
+        if prefer {
+            bench.push("--prefer-local");
+        }
+        let out = volley().args(&bench).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["transport"], transport, "{v}");
+        assert_eq!(v["errors"], 0, "{v}");
+        assert!(v["calls"].as_u64().unwrap() > 0, "{v}");
+    }
+    // In one process: the server adds a shm address beside its tcp one, and the calls take it.
+    let bench = ["bench", "--mode", "direct", "--transport", "tcp", "--prefer-local", "--json"];
+    let out = volley().args(bench).args(["--duration", "0.2", "--warmup", "0.05"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["transport"], &v["registry_mode"], &v["errors"]),
+        (&"shm".into(), &"direct".into(), &0.into())
+    );
+    assert_refused(&["bench", "--prefer-local", "--duration", "0.1"], "--prefer-local", "--mode direct");
+}

@@ -78,6 +78,28 @@ fn a_process_per_role_over_tcp_agrees_and_cleans_up() {
 }
 
 #[test]
+#[cfg(target_os = "linux")]
+fn a_process_per_role_over_shm_agrees() {
+    let v = testbed_json(&["--processes", "--transport", "shm", "--mode", "direct", "--batch", "32"]);
+    check_report(&v, "shm", 2);
+}
+
+/// `tcp+shm`: the roles register tcp addresses with shm ones beside them, and every client —
+/// the driver's, Document's and Main's — reaches every instance it calls over shm, found
+/// through the registry. Relayed calls go through the controller, whose relay uses tcp.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_process_per_role_over_shm_found_through_the_registry_agrees() {
+    let v = testbed_json(&["--processes", "--transport", "tcp+shm", "--mode", "direct", "--batch", "32"]);
+    check_report(&v, "tcp+shm", 2);
+    let rows = v["configs"].as_array().unwrap();
+    assert_eq!(rows[0]["local_connections"], 0, "the relayed baseline: {v}");
+    // The driver to Document and Main; Document to LA and 3 shards; Main to Document and 3 shards.
+    let pairs = 2 + 4 + 4;
+    assert!(rows[1]["local_connections"].as_u64().unwrap() >= pairs, "{v}");
+}
+
+#[test]
 fn a_process_per_role_over_unix_agrees() {
     let v = testbed_json(&["--processes", "--single", "--mode", "direct", "--codec", "general"]);
     check_report(&v, "unix", 2);

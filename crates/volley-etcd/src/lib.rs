@@ -748,13 +748,8 @@ impl Store for EtcdStore {
         specs: &'a [InstanceSpec],
     ) -> BoxFuture<'a, Result<Vec<u64>, StoreError>> {
         Box::pin(async move {
-            if let Some(bad) =
-                specs.iter().find(|s| s.service.is_empty() || s.address.is_empty() || s.weight == 0)
-            {
-                return Err(StoreError::Invalid(format!(
-                    "{}@{} weight {}: service and address must be non-empty, weight at least 1",
-                    bad.service, bad.address, bad.weight
-                )));
+            if let Some(why) = specs.iter().find_map(|s| s.check().err()) {
+                return Err(StoreError::Invalid(why));
             }
             let s = &self.shared;
             // One key per (service, address): a repeated spec keeps the first one's id.
@@ -769,14 +764,7 @@ impl Store for EtcdStore {
                     continue;
                 }
                 let id = fastrand::u64(1..);
-                let instance = Instance {
-                    id,
-                    lease,
-                    service: spec.service.clone(),
-                    address: spec.address.clone(),
-                    weight: spec.weight,
-                    metadata: spec.metadata.clone(),
-                };
+                let instance = spec.instance(id, lease);
                 let value = serde_json::to_vec(&instance).map_err(|e| StoreError::Invalid(e.to_string()))?;
                 let put = pb::PutRequest {
                     key: key.clone().into_bytes(),
@@ -964,14 +952,7 @@ mod tests {
         let k = keys.instance("a/b%c", "tcp://h:1");
         assert_eq!(k, "/v/instances/a%2Fb%25c/tcp://h:1");
         let mut cache = Cache::default();
-        let i = Instance {
-            id: 7,
-            lease: 9,
-            service: "a/b%c".into(),
-            address: "tcp://h:1".into(),
-            weight: 1,
-            metadata: Default::default(),
-        };
+        let i = InstanceSpec::new("a/b%c", "tcp://h:1").instance(7, 9);
         cache.apply(&keys, &k, Some(&serde_json::to_vec(&i).unwrap()), 5);
         let s = &cache.services["a/b%c"];
         assert_eq!((s.revision, s.known, s.instances.len()), (5, true, 1));

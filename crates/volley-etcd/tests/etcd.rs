@@ -374,6 +374,29 @@ async fn a_thousand_client_ids_through_two_controllers_at_once_are_distinct_and_
     }
 }
 
+/// Same-host addresses (PROTOCOL.md §16.2.1) are kept with the instance in etcd, so another
+/// controller's store lists them; an invalid one is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd: run scripts/test, which installs it"]
+async fn same_host_addresses_are_kept_in_etcd_and_listed_by_another_store() {
+    let etcd = Etcd::start().await;
+    let (writer, reader) = (store(&etcd, "local").await, store(&etcd, "local").await);
+    let lease = writer.grant(Duration::from_secs(30)).await.unwrap();
+    let spec = InstanceSpec::new(SERVICE, "tcp://127.0.0.1:1").host_id("h").local_address("shm://s");
+    writer.register(lease, &[spec]).await.unwrap();
+    wait_for(PATIENCE, "the instance", async || reader.resolve(SERVICE).await.unwrap().instances.len() == 1)
+        .await;
+    let listed = reader.resolve(SERVICE).await.unwrap().instances.remove(0);
+    assert_eq!((listed.host_id.as_str(), listed.local_addresses), ("h", vec!["shm://s".to_string()]));
+    let no_host = InstanceSpec {
+        local_addresses: vec!["shm://s".into()],
+        ..InstanceSpec::new(SERVICE, "tcp://127.0.0.1:2")
+    };
+    let refused = writer.register(lease, &[no_host]).await.unwrap_err().to_string();
+    assert!(refused.contains("host_id"), "{refused}");
+    assert_eq!(writer.resolve(SERVICE).await.unwrap().instances.len(), 1, "nothing written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn a_watch_whose_revision_was_compacted_relists_and_converges() {

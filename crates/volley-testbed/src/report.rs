@@ -130,6 +130,9 @@ pub struct Row {
     pub messages: u64,
     pub bytes: u64,
     pub postings: u64,
+    /// Connections the driver and the roles opened through the shm addresses the roles
+    /// registered beside their tcp ones (transport `tcp+shm`; 0 otherwise).
+    pub local_connections: u64,
     /// % cut against the baseline (positive: less than the baseline).
     pub index_cut_pct: Option<f64>,
     pub query_high_cut_pct: Option<f64>,
@@ -167,6 +170,7 @@ impl Report {
                     messages: o.messages,
                     bytes: o.bytes,
                     postings: o.postings,
+                    local_connections: o.local_connections,
                     index_cut_pct: base.and_then(|b| cut(b.index_s, o.index_s)),
                     query_high_cut_pct: cut(bq(QueryClass::High), q(QueryClass::High)),
                     query_low_cut_pct: cut(bq(QueryClass::Low), q(QueryClass::Low)),

@@ -71,19 +71,33 @@ messages! {
     pub struct LengthsResp { lengths: Vec<u32> }
     pub struct SearchReq { queries: Vec<Query> }
     pub struct SearchResp { results: Vec<Vec<Hit>> }
-    /// A server's traffic: messages and bytes sent plus received.
-    pub struct Counts { messages: u64, bytes: u64 }
+}
+
+/// A role's traffic: messages and bytes its server sent plus received, and the connections
+/// its client opened through instances' same-host addresses (absent from a role that has no
+/// client, or predates the field: 0).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    pub messages: u64,
+    pub bytes: u64,
+    #[serde(default)]
+    pub local_connections: u64,
 }
 
 impl Counts {
-    pub fn of(server: &Server) -> Counts {
+    pub fn of(server: &Server, client: Option<&ServiceClient>) -> Counts {
         let s = server.counters();
-        Counts { messages: s.messages_sent + s.messages_received, bytes: s.bytes_sent + s.bytes_received }
+        Counts {
+            messages: s.messages_sent + s.messages_received,
+            bytes: s.bytes_sent + s.bytes_received,
+            local_connections: client.map_or(0, |c| c.stats().local_connections),
+        }
     }
 
     pub fn add(&mut self, o: &Counts) {
         self.messages += o.messages;
         self.bytes += o.bytes;
+        self.local_connections += o.local_connections;
     }
 }
 
@@ -183,12 +197,23 @@ pub struct RoleSettings {
     pub batch: usize,
     /// The Document role's corpus.
     pub corpus: CorpusSpec,
+    /// Connect to instances on this host through their same-host (shm) addresses.
+    pub prefer_local: bool,
+}
+
+impl RoleSettings {
+    /// The settings of the roles' (and the driver's) service clients.
+    pub fn service_config(&self) -> ServiceConfig {
+        ServiceConfig::default().mode(self.mode).prefer_local(self.prefer_local)
+    }
 }
 
 /// A role serving and registered.
 pub struct RunningRole {
     pub role: Role,
     pub server: Server,
+    /// The role's client of the other roles (Document and Main).
+    pub client: Option<ServiceClient>,
     /// The server, as its own `stats` handler sees it (emptied at shutdown to break the cycle).
     stats_slot: Arc<Mutex<Option<Server>>>,
     _registration: Registration,
@@ -215,51 +240,54 @@ impl RunningRole {
     }
 }
 
-/// Starts `role` in tier `C`: builds its server, listens on `listen`, registers it.
+/// Starts `role` in tier `C`: builds its server, listens on `listen` and on the same-host
+/// addresses `local`, registers it with both.
 pub async fn start<C: Codec>(
     role: Role,
     settings: &RoleSettings,
     listen: &str,
+    local: &[&str],
 ) -> Result<RunningRole, volley::Error> {
-    let connect = || async {
-        ServiceClient::connect_with(&settings.registry, ServiceConfig::default().mode(settings.mode)).await
-    };
-    let builder = match role {
-        Role::La => Server::builder().serve(LaServer::<C, _>::new(LaRole)),
-        Role::Index(_) => Server::builder().serve(IndexServer::<C, _>::new(Shard::default())),
+    let connect = || ServiceClient::connect_with(&settings.registry, settings.service_config());
+    let (builder, client) = match role {
+        Role::La => (Server::builder().serve(LaServer::<C, _>::new(LaRole)), None),
+        Role::Index(_) => (Server::builder().serve(IndexServer::<C, _>::new(Shard::default())), None),
         Role::Document => {
             let corpus = settings.corpus.load().map_err(|e| volley::Error::Usage(format!("corpus: {e}")))?;
             let client = connect().await?;
-            Server::builder().serve(DocumentServer::<C, _>::new(DocumentRole {
+            let role = DocumentRole {
                 corpus,
                 lengths: Mutex::default(),
                 la: LaClient::new(client.clone()),
-                index: IndexClient::new(client),
+                index: IndexClient::new(client.clone()),
                 batch: settings.batch.max(1),
-            }))
+            };
+            (Server::builder().serve(DocumentServer::<C, _>::new(role)), Some(client))
         }
         Role::Main => {
             let client = connect().await?;
-            Server::builder().serve(MainServer::<C, _>::new(MainRole {
+            let role = MainRole {
                 document: DocumentClient::new(client.clone()),
-                index: IndexClient::new(client),
+                index: IndexClient::new(client.clone()),
                 lengths: OnceLock::new(),
-            }))
+            };
+            (Server::builder().serve(MainServer::<C, _>::new(role)), Some(client))
         }
     };
     let slot: Arc<Mutex<Option<Server>>> = Arc::default();
     let server = {
-        let slot = slot.clone();
+        let (slot, client) = (slot.clone(), client.clone());
         builder
             .handle_fn(&stats(role.service()), move |_| {
-                Ok(Json(slot.lock().unwrap().as_ref().map(Counts::of).unwrap_or_default()))
+                let server = slot.lock().unwrap().clone();
+                Ok(Json(server.map(|s| Counts::of(&s, client.as_ref())).unwrap_or_default()))
             })
             .build()
     };
     *slot.lock().unwrap() = Some(server.clone());
     let registry = Registry::connect(&settings.registry).await?;
-    let (_, registration) = server.listen_and_register(listen, &registry).await?;
-    Ok(RunningRole { role, server, stats_slot: slot, _registration: registration })
+    let (_, registration) = server.listen_and_register_with(listen, local, &registry).await?;
+    Ok(RunningRole { role, server, client, stats_slot: slot, _registration: registration })
 }
 
 struct LaRole;

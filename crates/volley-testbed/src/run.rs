@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use volley::ServiceClient;
 use volley::codec::Json;
-use volley::registry::{Controller, ControllerConfig, Mode, ServiceConfig};
+use volley::registry::{Controller, ControllerConfig, Mode};
 
 use crate::codec::{Codec, CodecKind, Fast, General};
 use crate::corpus::{CorpusSpec, DocText};
@@ -28,6 +28,10 @@ pub enum Transport {
     Tcp,
     /// Shared memory (Linux), set up over unix sockets in the run's directory.
     Shm,
+    /// Found through the registry: every role registers a tcp address with a shm address
+    /// beside it, and the clients — all on this host — prefer the shm one (relayed calls go
+    /// from the controller to the roles over tcp: its relay does not prefer them).
+    TcpShm,
 }
 
 impl Transport {
@@ -37,6 +41,7 @@ impl Transport {
             Transport::Unix => "unix",
             Transport::Tcp => "tcp",
             Transport::Shm => "shm",
+            Transport::TcpShm => "tcp+shm",
         }
     }
 
@@ -46,6 +51,7 @@ impl Transport {
             "unix" => Some(Transport::Unix),
             "tcp" => Some(Transport::Tcp),
             "shm" => Some(Transport::Shm),
+            "tcp+shm" => Some(Transport::TcpShm),
             _ => None,
         }
     }
@@ -130,6 +136,8 @@ pub struct Outcome {
     pub messages: u64,
     pub bytes: u64,
     pub postings: u64,
+    /// Connections the driver and the roles opened through same-host addresses.
+    pub local_connections: u64,
     pub results: HashMap<QueryClass, Vec<Vec<Hit>>>,
 }
 
@@ -220,9 +228,15 @@ impl Addresses {
         match self.transport {
             Transport::Inproc => format!("inproc://testbed-{}-{}-{name}", std::process::id(), self.run),
             Transport::Unix => format!("unix://{}", self.dir.path().join(format!("{name}.sock")).display()),
-            Transport::Tcp => "tcp://127.0.0.1:0".to_string(),
+            Transport::Tcp | Transport::TcpShm => "tcp://127.0.0.1:0".to_string(),
             Transport::Shm => format!("shm://{}", self.dir.path().join(format!("{name}.sock")).display()),
         }
+    }
+
+    /// The same-host address `name` also listens on and registers, if the transport has one.
+    fn local(&self, name: &str) -> Option<String> {
+        (self.transport == Transport::TcpShm)
+            .then(|| format!("shm://{}", self.dir.path().join(format!("{name}-shm.sock")).display()))
     }
 }
 
@@ -242,7 +256,9 @@ impl Roles {
     async fn counts(&self) -> Result<Counts, TestbedError> {
         let mut total = Counts::default();
         match self {
-            Roles::Here(roles) => roles.iter().for_each(|r| total.add(&Counts::of(&r.server))),
+            Roles::Here(roles) => {
+                roles.iter().for_each(|r| total.add(&Counts::of(&r.server, r.client.as_ref())))
+            }
             Roles::Children { stats, .. } => {
                 for service in [roles::DOCUMENT, roles::LA, roles::INDEX, roles::MAIN] {
                     for g in stats.scatter(&roles::stats(service), Json(Empty {})).await? {
@@ -288,6 +304,7 @@ async fn run_tier<C: Codec>(setup: &Setup, work: &Workload, config: Config) -> R
         mode: config.mode,
         batch: config.batch,
         corpus: setup.corpus.clone(),
+        prefer_local: config.transport == Transport::TcpShm,
     };
     let outcome = async {
         let roles = if setup.processes {
@@ -295,11 +312,13 @@ async fn run_tier<C: Codec>(setup: &Setup, work: &Workload, config: Config) -> R
         } else {
             let mut v = Vec::new();
             for role in Role::all(setup.shards) {
-                v.push(roles::start::<C>(role, &settings, &addrs.of(&role.name())).await?);
+                let local = addrs.local(&role.name());
+                let local: Vec<&str> = local.iter().map(String::as_str).collect();
+                v.push(roles::start::<C>(role, &settings, &addrs.of(&role.name()), &local).await?);
             }
             Roles::Here(v)
         };
-        let measured = measure::<C>(work, config, &registry, &roles, &controller).await;
+        let measured = measure::<C>(work, config, &settings, &roles, &controller).await;
         roles.stop().await;
         measured
     }
@@ -311,17 +330,18 @@ async fn run_tier<C: Codec>(setup: &Setup, work: &Workload, config: Config) -> R
 async fn measure<C: Codec>(
     work: &Workload,
     config: Config,
-    registry: &str,
+    settings: &RoleSettings,
     roles: &Roles,
     controller: &Controller,
 ) -> Result<Outcome, TestbedError> {
-    let client = ServiceClient::connect_with(registry, ServiceConfig::default().mode(config.mode)).await?;
-    let driver = Driver::<C>::new(client, config.batch);
+    let client = ServiceClient::connect_with(&settings.registry, settings.service_config()).await?;
+    let driver = Driver::<C>::new(client.clone(), config.batch);
     let traffic = |c: Counts| {
         let s = controller.stats().server;
         Counts {
             messages: c.messages + s.messages_sent + s.messages_received,
             bytes: c.bytes + s.bytes_sent + s.bytes_received,
+            local_connections: c.local_connections,
         }
     };
     let before = traffic(roles.counts().await?);
@@ -345,6 +365,7 @@ async fn measure<C: Codec>(
         messages: after.messages - before.messages,
         bytes: after.bytes - before.bytes,
         postings: indexed.postings,
+        local_connections: after.local_connections + client.stats().local_connections,
         results,
     })
 }
@@ -392,6 +413,10 @@ async fn start_children(
                 cmd.arg("--corpus").arg(d);
             }
         }
+        // A role in another language listens on its --listen address only.
+        if let (None, Some(local)) = (own, addrs.local(&role.name())) {
+            cmd.args(["--listen-local", &local, "--prefer-local"]);
+        }
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).kill_on_drop(true);
         let child = cmd.spawn().map_err(|e| {
             let program = own.map_or_else(|| exe.display().to_string(), |(_, line)| line.join(" "));
@@ -417,18 +442,21 @@ async fn start_children(
     Ok(Roles::Children { children, stats })
 }
 
-/// The entry point of a role process (`volley testbed-role`): serve `role` until stdin closes.
+/// The entry point of a role process (`volley testbed-role`): serve `role` until stdin closes,
+/// at `listen` and at the same-host address `local`, if given.
 pub fn role_main(
     role: Role,
     codec: CodecKind,
     settings: RoleSettings,
     listen: &str,
+    local: Option<&str>,
 ) -> Result<(), TestbedError> {
     let rt = tokio::runtime::Runtime::new()?;
+    let local: Vec<&str> = local.into_iter().collect();
     rt.block_on(async {
         let running = match codec {
-            CodecKind::General => roles::start::<General>(role, &settings, listen).await?,
-            CodecKind::Fast => roles::start::<Fast>(role, &settings, listen).await?,
+            CodecKind::General => roles::start::<General>(role, &settings, listen, &local).await?,
+            CodecKind::Fast => roles::start::<Fast>(role, &settings, listen, &local).await?,
         };
         let bound = running.server.addresses().first().map(|a| a.to_string()).unwrap_or_default();
         println!("ready {bound}");

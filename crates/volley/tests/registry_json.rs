@@ -69,6 +69,7 @@ fn every_json_example_of_the_protocol_is_what_the_reference_writes() {
         names,
         [
             "InstanceSpec",
+            "InstanceSpec",
             "Instance",
             "RegisterRequest",
             "Registered",
@@ -112,7 +113,22 @@ fn optional_fields_take_their_documented_defaults() {
     let w: WatchRequest = decode(r#"{"service":"s","timeout_ms":250}"#).unwrap();
     assert_eq!((w.epoch, w.from_revision, w.client_id, w.timeout_ms), (0, 0, 0, 250));
     let i: Instance = decode(r#"{"id":1,"lease":2,"service":"s","address":"tcp://h:1"}"#).unwrap();
-    assert_eq!((i.weight, i.metadata), (1, BTreeMap::new()));
+    assert_eq!((i.weight, &i.metadata), (1, &BTreeMap::new()));
+    // Revision 2's fields: empty when left out, and left out when empty (revision 1's bytes).
+    assert_eq!((i.host_id.as_str(), i.local_addresses.len()), ("", 0));
+    let text = String::from_utf8(encode(&i)).unwrap();
+    assert_eq!(text, r#"{"id":1,"lease":2,"service":"s","address":"tcp://h:1","weight":1,"metadata":{}}"#);
+}
+
+#[test]
+fn same_host_addresses_round_trip_with_their_host_id() {
+    let spec = InstanceSpec::new("s", "tcp://h:1").host_id("boot/net:[1]").local_address("shm://s");
+    let text = String::from_utf8(encode(&spec)).unwrap();
+    assert!(text.ends_with(r#""host_id":"boot/net:[1]","local_addresses":["shm://s"]}"#), "{text}");
+    assert_eq!(decode::<InstanceSpec>(&text).unwrap(), spec);
+    let i = spec.instance(1, 2);
+    assert_eq!(decode::<Instance>(&String::from_utf8(encode(&i)).unwrap()).unwrap(), i);
+    assert!(decode::<InstanceSpec>(r#"{"service":"s","address":"a","local_addresses":"shm://s"}"#).is_err());
 }
 
 #[test]

@@ -18,6 +18,7 @@ do.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,22 +53,60 @@ LIST = _method("list", UNIT, JSON)
 RELAY = _method("relay", RAW, RAW)
 
 
+# Replaces the computed host id (§16.1), as it does for the Rust implementation.
+HOST_ID_ENV = "VOLLEY_HOST_ID"
+
+
+def host_id() -> str | None:
+    """This process's host id (§16.1), computed as the Rust implementation does: the kernel's
+    boot id and the network namespace, ``BOOT_ID/net:[INODE]`` (``$VOLLEY_HOST_ID`` if set).
+    ``None`` where they cannot be read (not Linux)."""
+    override = os.environ.get(HOST_ID_ENV, "").strip()
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/net')}"
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class InstanceSpec:
-    """One service offered at one address, to register (§16.2 ``InstanceSpec``)."""
+    """One service offered at one address, to register (§16.2 ``InstanceSpec``).
+
+    ``local_addresses`` (revision 2, §16.2.1) are more addresses of the same instance that only
+    callers on its host can open (``shm://…``, ``unix://…``), for clients that prefer them
+    (the Rust ``ServiceClient`` with ``prefer_local``); ``host_id`` says which host, and is
+    needed with them: ``host_id()`` gives this one's."""
 
     service: str
     address: str
     weight: int = 1
     metadata: dict[str, str] = field(default_factory=dict)
+    host_id: str = ""
+    local_addresses: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"service": self.service, "address": self.address, "weight": self.weight, "metadata": self.metadata}
+        o: dict[str, Any] = {
+            "service": self.service,
+            "address": self.address,
+            "weight": self.weight,
+            "metadata": self.metadata,
+        }
+        # Left out when empty, so a registration without them is revision 1's (§16.2.1).
+        if self.host_id:
+            o["host_id"] = self.host_id
+        if self.local_addresses:
+            o["local_addresses"] = list(self.local_addresses)
+        return o
 
 
 @dataclass(frozen=True)
 class Instance:
-    """A registered instance as the registry lists it (§16.2 ``Instance``)."""
+    """A registered instance as the registry lists it (§16.2 ``Instance``). This package calls
+    ``address`` (it cannot open shared memory): ``local_addresses`` are there to read."""
 
     id: int
     lease: int
@@ -75,9 +114,14 @@ class Instance:
     address: str
     weight: int = 1
     metadata: dict[str, str] = field(default_factory=dict)
+    host_id: str = ""
+    local_addresses: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, o: dict[str, Any]) -> "Instance":
+        local = _field(o, "local_addresses", list, [])
+        if not all(isinstance(a, str) for a in local):
+            raise CodecError(f"the registry's field 'local_addresses' is {local!r}, not a list of strings")
         return cls(
             id=_int(o, "id"),
             lease=_int(o, "lease"),
@@ -85,6 +129,8 @@ class Instance:
             address=_str(o, "address"),
             weight=_int(o, "weight", 1),
             metadata=dict(o.get("metadata") or {}),
+            host_id=_field(o, "host_id", str, ""),
+            local_addresses=tuple(local),
         )
 
 

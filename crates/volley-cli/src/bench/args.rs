@@ -93,6 +93,12 @@ pub struct BenchArgs {
     /// default): run with and without it to measure what they cost.
     #[arg(long)]
     pub no_metrics: bool,
+    /// In direct registry mode, connect to instances on this host through the same-host
+    /// address they registered (`serve-echo --listen-local`), if any. Without --registry, the
+    /// in-process server also listens on shared memory and registers that address beside its
+    /// --transport one. The report's transport is the one the calls went over.
+    #[arg(long)]
+    pub prefer_local: bool,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -184,6 +190,18 @@ pub fn plan(args: &BenchArgs) -> Result<(RegistryMode, Vec<Style>), String> {
     };
     if mode != RegistryMode::None && (args.connect.is_some() || args.raw) {
         return Err("--mode direct|relayed and --registry do not go with --connect or --raw".into());
+    }
+    if args.prefer_local && mode != RegistryMode::Direct {
+        return Err("--prefer-local picks an instance's address through the registry: it needs --mode direct or --registry".into());
+    }
+    if args.prefer_local
+        && args.registry.is_none()
+        && !matches!(args.transport, Transport::Tcp | Transport::Unix)
+    {
+        return Err(
+            "--prefer-local adds a shm address beside the in-process server's: use --transport tcp or unix"
+                .into(),
+        );
     }
     if mode != RegistryMode::None && args.transport == Transport::Tls {
         return Err("--transport tls measures a server by address, without a registry".into());

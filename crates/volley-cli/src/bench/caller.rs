@@ -73,15 +73,24 @@ impl Caller {
         }
     }
 
+    fn service_client(&self) -> Option<&ServiceClient> {
+        match self {
+            Caller::Plain(_) | Caller::Generated(_) => None,
+            Caller::Service(c, _) => Some(c),
+            Caller::GeneratedService(c) => Some(c.inner()),
+        }
+    }
+
     /// (registry look-ups, messages to and from the controller).
     pub fn registry(&self) -> (u64, u64) {
-        let service = match self {
-            Caller::Plain(_) | Caller::Generated(_) => return (0, 0),
-            Caller::Service(c, _) => c,
-            Caller::GeneratedService(c) => c.inner(),
-        };
+        let Some(service) = self.service_client() else { return (0, 0) };
         let s = service.stats();
         (s.lookups, s.registry_messages())
+    }
+
+    /// The address of the first instance's live connection (direct mode through a registry).
+    fn connected_to(&self, service: &str) -> Option<String> {
+        self.service_client()?.instance_stats(service).into_iter().find_map(|i| i.connected_to)
     }
 }
 
@@ -136,6 +145,11 @@ impl Side {
             };
             c.probe(&what).await?;
         }
+        // The instance's connection is made now: report the transport it took.
+        let transport = match caller.as_ref().and_then(|c| c.connected_to(&args.service)) {
+            Some(addr) if registry_mode == RegistryMode::Direct => scheme(&addr),
+            _ => transport,
+        };
         Ok(Side { api, target, caller: caller.map(Arc::new), transport, registry_mode })
     }
 
@@ -169,7 +183,7 @@ impl Side {
         let how = if mode == RegistryMode::Relayed { Mode::Relayed } else { Mode::Direct };
         let mut client = volley::ClientConfig::default();
         client.token = args.token.clone().map(String::into_bytes);
-        let config = ServiceConfig::default().mode(how).client(client);
+        let config = ServiceConfig::default().mode(how).client(client).prefer_local(args.prefer_local);
         let what = format!("registry {reg}");
         let client = ServiceClient::connect_with(reg, config).await.map_err(|e| match e.is_permanent() {
             true => crate::refusal::connecting(&what, &e, "--token", "VOLLEY_TOKEN"),

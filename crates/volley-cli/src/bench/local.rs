@@ -7,6 +7,7 @@ use volley::{Server, ServerBuilder};
 
 use super::api::Api;
 use super::args::{BenchArgs, Handler, RegistryMode};
+use super::transport::Transport;
 use crate::echo::{EchoAsyncServer, EchoServer, Echoer, method_named, server_named_with};
 
 /// Where the load goes.
@@ -38,7 +39,11 @@ impl Local {
             .map_err(|e| e.to_string())?
             .to_string();
         let registry = Registry::connect(&reg_addr).await.map_err(|e| e.to_string())?;
-        let spec = InstanceSpec::new(args.service.clone(), bound.to_string());
+        let mut spec = InstanceSpec::new(args.service.clone(), bound.to_string());
+        if args.prefer_local {
+            let shm = server.listen(&Transport::Shm.listen_address(role)).await.map_err(|e| e.to_string())?;
+            spec = spec.local_address(shm.to_string());
+        }
         registry.register(&server, vec![spec], LeaseConfig::default()).await.map_err(|e| e.to_string())?;
         Ok((Target::Registry(reg_addr, mode), Local { server, controller: Some(controller) }))
     }

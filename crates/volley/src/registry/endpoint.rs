@@ -13,6 +13,7 @@ use super::wire::Instance;
 use crate::client::{CallOptions, Client, ClientConfig};
 use crate::error::Error;
 use crate::stats::Snapshot;
+use crate::transport::Address;
 
 /// The service a probe asks for: no server offers it.
 const PROBE_SERVICE: &str = "volley.probe";
@@ -20,6 +21,8 @@ const PROBE_SERVICE: &str = "volley.probe";
 /// One instance and the connection to it (made on first use).
 pub(crate) struct Endpoint {
     pub address: String,
+    /// Connect through the instance's same-host addresses first, when it runs on this host.
+    prefer_local: bool,
     /// Updated in place when the registry changes the instance's weight or metadata, so the
     /// connection survives.
     info: ArcSwap<Instance>,
@@ -36,9 +39,10 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn new(instance: Instance, stats: Arc<PoolStats>) -> Endpoint {
+    pub fn new(instance: Instance, stats: Arc<PoolStats>, prefer_local: bool) -> Endpoint {
         Endpoint {
             address: instance.address.clone(),
+            prefer_local,
             info: ArcSwap::from_pointee(instance),
             client: ArcSwapOption::empty(),
             connecting: tokio::sync::Mutex::new(()),
@@ -81,11 +85,50 @@ impl Endpoint {
         if let Some(c) = self.client.load().as_deref().filter(|c| c.is_connected()) {
             return Ok(c.clone());
         }
-        let c = Client::connect_with(&self.address, config.clone()).await?;
+        let c = self.open(config).await?;
         if let Some(old) = self.client.swap(Some(Arc::new(c.clone()))) {
             self.stats.retire(old.counters());
         }
         Ok(c)
+    }
+
+    /// A new connection: through the first same-host address that opens, if the instance is
+    /// on this host and the owner prefers those, else (or when none opens) through `address`.
+    /// Each new connection tries them again, so a same-host address that failed once (its
+    /// server was restarting) is used again when it works.
+    async fn open(&self, config: &ClientConfig) -> Result<Client, Error> {
+        for local in self.local_addresses() {
+            match Client::connect_with(&local, config.clone()).await {
+                Ok(c) => {
+                    self.stats.local_connections.fetch_add(1, Relaxed);
+                    return Ok(c);
+                }
+                Err(e) => {
+                    self.stats.local_failures.fetch_add(1, Relaxed);
+                    tracing::info!(address = %self.address, local = %local, error = %e, "could not open the same-host address of an instance on this host; connecting to its address");
+                }
+            }
+        }
+        Client::connect_with(&self.address, config.clone()).await
+    }
+
+    /// The same-host addresses to try, in the server's order: none unless the owner prefers
+    /// them and the instance's host id is this process's. Addresses this build cannot dial
+    /// (another scheme, `shm://` off Linux) and `inproc://` (not a host's) are skipped.
+    fn local_addresses(&self) -> Vec<String> {
+        let info = self.info.load();
+        let here = super::host_id();
+        if !self.prefer_local || info.local_addresses.is_empty() || here != Some(info.host_id.as_str()) {
+            return Vec::new();
+        }
+        let dialable = |a: &&String| Address::parse(a).is_ok_and(|a| !matches!(a, Address::Inproc(_)));
+        info.local_addresses.iter().filter(dialable).cloned().collect()
+    }
+
+    /// The address of the connection in use, if there is one.
+    pub fn connected_to(&self) -> Option<String> {
+        let c = self.client.load();
+        c.as_deref().filter(|c| c.is_connected()).map(|c| c.address().to_string())
     }
 
     /// A round trip to the instance within the connect timeout: a request for a service no

@@ -82,6 +82,8 @@ pub(crate) struct PoolConfig {
     pub retry_budget: Option<RetryBudget>,
     pub hedge: Option<Hedge>,
     pub outliers: Option<Outliers>,
+    /// Connect to instances on this host through their same-host addresses.
+    pub prefer_local: bool,
 }
 
 impl PoolConfig {
@@ -101,6 +103,7 @@ impl PoolConfig {
             retry_budget: None,
             hedge: None,
             outliers: None,
+            prefer_local: false,
         }
     }
 }
@@ -276,7 +279,7 @@ impl Pool {
                         e.update(i);
                         e.clone()
                     }
-                    None => Arc::new(Endpoint::new(i, self.stats.clone())),
+                    None => Arc::new(Endpoint::new(i, self.stats.clone(), self.config.prefer_local)),
                 })
                 .collect()
         };
@@ -435,6 +438,7 @@ impl Pool {
                 attempts: e.attempts.load(Relaxed),
                 outstanding: e.outstanding().load(Relaxed) as u64,
                 latency: e.latency.get(now).map(|ns| Duration::from_nanos(ns as u64)),
+                connected_to: e.connected_to(),
             })
             .collect()
     }
@@ -504,14 +508,7 @@ mod tests {
     }
 
     fn inst(id: u64, addr: &str, weight: u32) -> Instance {
-        Instance {
-            id,
-            lease: 1,
-            service: "svc".into(),
-            address: addr.into(),
-            weight,
-            metadata: Default::default(),
-        }
+        super::super::InstanceSpec::new("svc", addr).weight(weight).instance(id, 1)
     }
 
     fn resolved(epoch: u64, revision: u64, settling: bool, instances: Vec<Instance>) -> Resolved {

@@ -16,8 +16,9 @@
 //!   least-outstanding or peak-EWMA), route keyed calls on a consistent-hash ring, leave out
 //!   instances that stop answering and fail idempotent calls over, keep calling from the cache
 //!   while the registry is down. Opt-in: retries under a [`RetryBudget`], [`Hedge`]d requests,
-//!   [`Outliers`] ejection. **Relayed mode**: every call goes through the controller.
-//!   Scatter-gather calls every instance.
+//!   [`Outliers`] ejection, and reaching instances on this host ([`host_id`]) through the
+//!   shared-memory (or unix) address they advertise beside their tcp one. **Relayed mode**:
+//!   every call goes through the controller. Scatter-gather calls every instance.
 //!
 //! `docs/ARCHITECTURE.md` (Registry) explains the design; `docs/PROTOCOL.md` §16 specifies the
 //! methods and messages.
@@ -31,6 +32,7 @@ mod controller;
 mod ejection;
 mod endpoint;
 mod hash;
+mod host;
 mod instances;
 mod latency;
 mod merge;
@@ -47,6 +49,7 @@ use std::time::Duration;
 pub use connection::{Registry, RegistryStats};
 pub use controller::{Controller, ControllerConfig, ControllerStats};
 pub use hash::{HashRing, MAX_RING_WEIGHT, VNODES_PER_WEIGHT, hash_key, key_hash};
+pub use host::{HOST_ID_ENV, host_id};
 pub use instances::Balance;
 pub use merge::merge_sorted;
 pub use policy::{Hedge, InstanceStats, Outliers, RetryBudget};

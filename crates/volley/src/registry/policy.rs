@@ -121,4 +121,8 @@ pub struct InstanceStats {
     pub outstanding: u64,
     /// Its peak-EWMA latency, if it is measured (peak-EWMA balancing, outlier ejection).
     pub latency: Option<Duration>,
+    /// The address of the connection in use: `address`, or a same-host address of the
+    /// instance ([`ServiceConfig::prefer_local`](super::ServiceConfig::prefer_local)); `None`
+    /// while there is no live connection.
+    pub connected_to: Option<String>,
 }

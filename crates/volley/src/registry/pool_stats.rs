@@ -18,6 +18,10 @@ pub(crate) struct PoolStats {
     pub hedges_refused: AtomicU64,
     /// Instances taken out as outliers (failing or slow).
     pub outliers_ejected: AtomicU64,
+    /// Connections opened through an instance's same-host address, and same-host addresses
+    /// that could not be opened (the connection went to the instance's address instead).
+    pub local_connections: AtomicU64,
+    pub local_failures: AtomicU64,
     /// Transport counters of connections that were closed or replaced.
     retired: Mutex<Snapshot>,
 }

@@ -11,6 +11,7 @@ use super::connection::Registry;
 use super::wire::{InstanceSpec, RegisterRequest, Registered};
 use crate::error::Error;
 use crate::server::Server;
+use crate::transport::Address;
 
 /// Lease settings of a registration.
 #[derive(Debug, Clone)]
@@ -108,6 +109,9 @@ impl Registry {
         if instances.is_empty() {
             return Err(Error::Usage("register needs at least one instance".into()));
         }
+        if let Some(why) = instances.iter().find_map(|i| check_spec(i).err()) {
+            return Err(Error::Usage(format!("register: {why}")));
+        }
         // The first registration may wait as long as the lease it asks for (a store such as
         // etcd writes to disk, which can take seconds on a busy machine); a re-registration
         // in the background waits one renewal interval, then tries again.
@@ -124,6 +128,33 @@ impl Registry {
         server.spawn_tracked(keeper);
         Ok(Registration { shared })
     }
+}
+
+/// What the controller would refuse, said before asking it, and same-host addresses that no
+/// caller could dial (the controller does not parse addresses, so that a newer transport's
+/// can be registered through an older controller).
+fn check_spec(spec: &InstanceSpec) -> Result<(), String> {
+    if !spec.local_addresses.is_empty() && spec.host_id.is_empty() {
+        return Err(format!(
+            "{}@{}: local addresses need a host id (InstanceSpec::local_address sets this host's, if it is known; {} sets it)",
+            spec.service,
+            spec.address,
+            super::HOST_ID_ENV
+        ));
+    }
+    spec.check()?;
+    for a in &spec.local_addresses {
+        match Address::parse(a) {
+            Ok(Address::Inproc(_)) => {
+                return Err(format!(
+                    "local address {a}: inproc:// names a server in one process, not on a host"
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("local address: {e}")),
+        }
+    }
+    Ok(())
 }
 
 async fn register_once(

@@ -94,6 +94,13 @@ pub struct ServiceConfig {
     /// reached are always left out).
     #[setters(strip_option)]
     pub outliers: Option<Outliers>,
+    /// Connect to an instance on this host (its registered host id is this process's
+    /// [`host_id`](super::host_id)) through the first of its same-host addresses
+    /// (`shm://`, `unix://`: [`InstanceSpec::local_address`](super::InstanceSpec::local_address))
+    /// that opens, and through its `address` when none does. Default: off, every connection
+    /// goes to `address`. Routing does not change: an instance keeps its place on the hash
+    /// ring, whichever address its connection uses.
+    pub prefer_local: bool,
 }
 
 impl Default for ServiceConfig {
@@ -113,6 +120,7 @@ impl Default for ServiceConfig {
             retry_budget: None,
             hedge: None,
             outliers: None,
+            prefer_local: false,
         }
     }
 }
@@ -137,6 +145,12 @@ pub struct ServiceClientStats {
     pub instances_dropped: u64,
     /// Of those, as outliers (failing or slow).
     pub outliers_ejected: u64,
+    /// Connections to instances opened through a same-host address
+    /// ([`ServiceConfig::prefer_local`]).
+    pub local_connections: u64,
+    /// Same-host addresses that could not be opened; each time, the connection went to the
+    /// instance's address instead.
+    pub local_failures: u64,
     /// Registry look-ups (`resolve`): one per service in direct mode.
     pub lookups: u64,
     /// Watch long polls issued.
@@ -463,6 +477,8 @@ impl ServiceClient {
             hedges_refused: i.pool_stats.hedges_refused.load(Relaxed),
             instances_dropped: i.pool_stats.instances_dropped.load(Relaxed),
             outliers_ejected: i.pool_stats.outliers_ejected.load(Relaxed),
+            local_connections: i.pool_stats.local_connections.load(Relaxed),
+            local_failures: i.pool_stats.local_failures.load(Relaxed),
             lookups: r.lookups,
             watches: r.watches,
             registry_messages_sent: r.messages_sent,
@@ -537,6 +553,7 @@ impl ServiceClient {
                     retry_budget: c.retry_budget,
                     hedge: c.hedge,
                     outliers: c.outliers,
+                    prefer_local: c.prefer_local,
                     ..PoolConfig::new(
                         c.balance,
                         c.quarantine,

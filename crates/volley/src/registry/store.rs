@@ -290,13 +290,8 @@ impl Store for MemoryStore {
         lease: u64,
         specs: &'a [InstanceSpec],
     ) -> BoxFuture<'a, Result<Vec<u64>, StoreError>> {
-        if let Some(bad) =
-            specs.iter().find(|s| s.service.is_empty() || s.address.is_empty() || s.weight == 0)
-        {
-            return ready(Err(StoreError::Invalid(format!(
-                "{}@{} weight {}: service and address must be non-empty, weight at least 1",
-                bad.service, bad.address, bad.weight
-            ))));
+        if let Some(why) = specs.iter().find_map(|s| s.check().err()) {
+            return ready(Err(StoreError::Invalid(why)));
         }
         ready(self.with(|st| {
             if !st.leases.contains_key(&lease) {
@@ -335,14 +330,7 @@ impl Store for MemoryStore {
                 }
                 let id = st.next_instance;
                 st.next_instance += 1;
-                let instance = Instance {
-                    id,
-                    lease,
-                    service: s.service.clone(),
-                    address: s.address.clone(),
-                    weight: s.weight,
-                    metadata: s.metadata.clone(),
-                };
+                let instance = s.instance(id, lease);
                 let svc = st.services.entry(s.service.clone()).or_default();
                 svc.instances.insert(id, instance);
                 svc.revision = rev;

@@ -39,12 +39,62 @@ impl Server {
         addr: &str,
         registry: &Registry,
     ) -> Result<(Address, Registration), Error> {
+        self.listen_and_register_with(addr, &[], registry).await
+    }
+
+    /// Like [`listen_and_register`](Self::listen_and_register), and also listens on each of
+    /// `local` — addresses only a caller on this host can open, such as `shm://NAME` — and
+    /// registers them beside `addr` as the instances' same-host addresses, with this host's
+    /// [`host_id`](crate::registry::host_id). A [`ServiceClient`](crate::ServiceClient) with
+    /// [`prefer_local`](crate::registry::ServiceConfig::prefer_local) on this host connects
+    /// through them (the first that opens); any other caller through `addr`. Returns the
+    /// address bound for `addr` ([`addresses`](Self::addresses) lists all of them).
+    ///
+    /// ```
+    /// # #[volley::service] trait Greeter { async fn hi(&self, name: String) -> Result<String, volley::Status>; }
+    /// # struct Hello;
+    /// # impl Greeter for Hello { async fn hi(&self, name: String) -> Result<String, volley::Status> { Ok(name) } }
+    /// use volley::registry::{DEFAULT_REGISTRY, Registry};
+    /// use volley::Server;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> volley::Result<()> {
+    /// # let registry = Registry::connect(DEFAULT_REGISTRY).await?;
+    /// let server = Server::builder().serve(GreeterServer::new(Hello)).build();
+    /// # #[cfg(target_os = "linux")]
+    /// server.listen_and_register_with("tcp://127.0.0.1:0", &["shm://doc-hello"], &registry).await?;
+    /// # server.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn listen_and_register_with(
+        &self,
+        addr: &str,
+        local: &[&str],
+        registry: &Registry,
+    ) -> Result<(Address, Registration), Error> {
         let services = self.services();
         if services.is_empty() {
             return Err(Error::Usage("listen_and_register: the server has no handlers to register".into()));
         }
+        if !local.is_empty() && crate::registry::host_id().is_none() {
+            return Err(Error::Usage(format!(
+                "listen_and_register: same-host addresses need this host's id, which is unknown here (set {})",
+                crate::registry::HOST_ID_ENV
+            )));
+        }
         let bound = self.listen(addr).await?;
-        let instances = services.into_iter().map(|s| InstanceSpec::new(s, bound.to_string())).collect();
+        let mut bound_local = Vec::with_capacity(local.len());
+        for a in local {
+            bound_local.push(self.listen(a).await?.to_string());
+        }
+        let instances = services
+            .into_iter()
+            .map(|s| {
+                bound_local
+                    .iter()
+                    .fold(InstanceSpec::new(s, bound.to_string()), |spec, a| spec.local_address(a))
+            })
+            .collect();
         let registration = registry.register(self, instances, LeaseConfig::default()).await?;
         Ok((bound, registration))
     }
