@@ -5,10 +5,10 @@
 Three measurements, interleaved round by round, medians reported:
 
 - ``pipelined``: calls of 64-byte payloads, 1,000 outstanding at a time (``Client.call``);
-- ``batch``: ``Client.call_batch`` of 100,000 64-byte items (chunks of 128);
+- ``batch``: ``Client.call_batch`` of 100,000 64-byte items (chunks of 128), five in a row;
 - ``socket``: the floor — the same bytes as the batch's frames written to a plain asyncio TCP
-  echo server (in this process's event loop's peer thread) and read back, with no protocol
-  work at all: what a bare Python socket loop moves.
+  echo server (in this process's event loop's peer thread) and read back, five times, with no
+  protocol work at all: what a bare Python socket loop moves.
 
 The figures are items per second; ``batch / socket`` is the cost of the protocol on the batch
 path (the issue's goal: within 2x).
@@ -31,6 +31,9 @@ from volley import proto
 ECHO = volley.Method("echo", "echo")
 ITEM = b"x" * 64
 BATCH = 100_000
+# Batches (and floor passes) per measurement: one batch takes some tens of milliseconds, less
+# than a time slice lost to another process on a loaded machine.
+REPEAT = 5
 CALLS = 20_000
 WINDOW = 1_000
 
@@ -52,12 +55,13 @@ async def pipelined(client: volley.Client) -> float:
     return CALLS / (time.perf_counter() - start)
 
 
-async def batch(client: volley.Client) -> float:
+async def batch(client: volley.Client, repeat: int = REPEAT) -> float:
+    items = [ITEM] * BATCH
     start = time.perf_counter()
-    results = await client.call_batch(ECHO, [ITEM] * BATCH)
-    elapsed = time.perf_counter() - start
-    assert len(results) == BATCH and results[-1] == ITEM
-    return BATCH / elapsed
+    for _ in range(repeat):
+        results = await client.call_batch(ECHO, items)
+        assert len(results) == BATCH and results[-1] == ITEM
+    return repeat * BATCH / (time.perf_counter() - start)
 
 
 def plain_echo_server() -> int:
@@ -89,11 +93,12 @@ async def socket_floor(port: int) -> float:
     data = b"".join(proto.frames(chunks))
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     start = time.perf_counter()
-    writer.write(data)
-    await reader.readexactly(len(data))
+    for _ in range(REPEAT):
+        writer.write(data)
+        await reader.readexactly(len(data))
     elapsed = time.perf_counter() - start
     writer.close()
-    return (BATCH // 128 * 128) / elapsed
+    return REPEAT * (BATCH // 128 * 128) / elapsed
 
 
 async def main(binary: str, rounds: int) -> None:
@@ -102,7 +107,7 @@ async def main(binary: str, rounds: int) -> None:
     figures: dict[str, list[float]] = {"pipelined": [], "batch": [], "socket": []}
     try:
         async with await volley.Client.connect(address) as client:
-            await batch(client)  # warm-up
+            await batch(client, repeat=1)  # warm-up
             for _ in range(rounds):
                 figures["pipelined"].append(await pipelined(client))
                 figures["batch"].append(await batch(client))
