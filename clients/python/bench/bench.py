@@ -7,8 +7,8 @@ Three measurements, interleaved round by round, medians reported:
 - ``pipelined``: calls of 64-byte payloads, 1,000 outstanding at a time (``Client.call``);
 - ``batch``: ``Client.call_batch`` of 100,000 64-byte items (chunks of 128), five in a row;
 - ``socket``: the floor — the same bytes as the batch's frames written to a plain asyncio TCP
-  echo server (in this process's event loop's peer thread) and read back, five times, with no
-  protocol work at all: what a bare Python socket loop moves.
+  echo server (a Python process of its own) and read back, five times, with no protocol work
+  at all: what a bare Python socket loop moves.
 
 The figures are items per second; ``batch / socket`` is the cost of the protocol on the batch
 path (the issue's goal: within 2x).
@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import socket
 import statistics
 import subprocess
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -64,26 +65,23 @@ async def batch(client: volley.Client, repeat: int = REPEAT) -> float:
     return repeat * BATCH / (time.perf_counter() - start)
 
 
-def plain_echo_server() -> int:
-    """A bare TCP echo server on a thread of its own (as the Rust server runs apart)."""
-    ready = threading.Event()
-    port = []
+def plain_echo_server() -> tuple[subprocess.Popen, int]:
+    """A bare TCP echo server in a process of its own (as the Rust server runs apart; on a
+    thread of this process it would compete for the GIL with the loop it is measured against).
+    It is a blocking recv/sendall loop, nearly all of its time in the kernel, so the floor is
+    what this process's event loop moves, not what the echo's does."""
+    proc = subprocess.Popen([sys.executable, __file__, "--plain-echo"], stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())
 
-    async def serve():
-        async def handle(reader, writer):
-            while data := await reader.read(1 << 16):
-                writer.write(data)
-                await writer.drain()
-            writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port.append(server.sockets[0].getsockname()[1])
-        ready.set()
-        await server.serve_forever()
-
-    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
-    ready.wait()
-    return port[0]
+def serve_plain_echo() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        print(listener.getsockname()[1], flush=True)
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                while data := conn.recv(1 << 20):
+                    conn.sendall(data)
 
 
 async def socket_floor(port: int) -> float:
@@ -103,7 +101,7 @@ async def socket_floor(port: int) -> float:
 
 async def main(binary: str, rounds: int) -> None:
     proc, address = start_echo(binary)
-    port = plain_echo_server()
+    plain, port = plain_echo_server()
     figures: dict[str, list[float]] = {"pipelined": [], "batch": [], "socket": []}
     try:
         async with await volley.Client.connect(address) as client:
@@ -113,8 +111,9 @@ async def main(binary: str, rounds: int) -> None:
                 figures["batch"].append(await batch(client))
                 figures["socket"].append(await socket_floor(port))
     finally:
-        proc.terminate()
-        proc.wait()
+        for p in (proc, plain):
+            p.terminate()
+            p.wait()
     med = {k: statistics.median(v) for k, v in figures.items()}
     for k, v in med.items():
         print(f"{k:10} {v:12,.0f} items/s   (rounds: {', '.join(f'{x:,.0f}' for x in figures[k])})")
@@ -124,6 +123,8 @@ async def main(binary: str, rounds: int) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--plain-echo"]:
+        serve_plain_echo()
     repo = Path(__file__).resolve().parents[3]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--volley", default=str(repo / "target" / "debug" / "volley"))
