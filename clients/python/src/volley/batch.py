@@ -13,7 +13,6 @@ chunk has ended, rather than once per chunk.
 from __future__ import annotations
 
 import asyncio
-from itertools import chain
 from typing import Any, Iterable
 
 from .codec import Method
@@ -89,55 +88,60 @@ def _chunks(payloads: list[bytes], per_chunk: int, room: int, longest: int) -> l
     return out
 
 
-class ChunkEntry:
-    """One chunk in the connection's table of calls waiting (``Connection.pending``): it
-    answers ``done`` and ``set_exception`` as the future of a single call does, and ``answer``
-    for its BatchReply; its outcome goes to the batch."""
-
-    __slots__ = ("batch", "index")
-
-    def __init__(self, batch: "BatchCall", index: int):
-        self.batch = batch
-        self.index = index
-
-    @property
-    def future(self) -> asyncio.Future:
-        """What to wait on for this chunk: the batch's one future."""
-        return self.batch.future
-
-    def done(self) -> bool:
-        return self.batch.outcomes[self.index] is not None
-
-    def answer(self, items: list[Any], failed: int) -> None:
-        """The chunk's BatchReply: its items, ``failed`` of them errors."""
-        self.batch.failed_items += failed
-        self.batch.end(self.index, items)
-
-    def set_exception(self, error: BaseException) -> None:
-        self.batch.end(self.index, error)
-
-
 class BatchCall:
-    """The chunks of one batch on one connection (request ids ``rids``): writes them, and
-    keeps every chunk's outcome (its items, or the exception the whole chunk ended with) and
-    one future that completes when the last chunk has ended: an answer, the connection's end,
-    the deadline, or the caller's cancellation, whichever comes first for each chunk, once."""
+    """The chunks of one batch on one connection: request ids ``rids``, the ``(start, end)`` of
+    each in the batch's payloads. Writes them, keeps every chunk's outcome (its items, or the
+    exception the whole chunk ended with) and one future that completes when the last chunk
+    has ended: an answer, the connection's end, the deadline, or the caller's cancellation,
+    whichever comes first for each chunk, once.
 
-    def __init__(self, conn: Any, rids: list[int]):
+    The connection's table of calls waiting (``Connection.pending``) holds the BatchCall under
+    each of its chunks' ids: ``answer`` takes a chunk's BatchReply and ``fail`` a chunk's
+    error; ``done`` and ``set_exception`` answer as the future of a single call does (an
+    exception ends every chunk still waiting)."""
+
+    def __init__(self, conn: Any, rids: list[int], bounds: list[tuple[int, int]]):
         self.future: asyncio.Future = conn.loop.create_future()
         self.conn = conn
         self.rids = rids
+        self.bounds = bounds
+        self.index = dict(zip(rids, range(len(rids))))
         self.outcomes: list[Any] = [None] * len(rids)
         self.left = len(rids)
-        self.failed_items = 0
+        # Every item, in order, as chunks answer with all their items and none an error: the
+        # result as it is when every chunk does (the common case, with no check per item).
+        self.items: list[Any] = [None] * (bounds[-1][1] if bounds else 0)
+        self.whole = 0  # chunks answered that way
         if not rids:
             self.future.set_result(None)
-        conn.expect_chunks(rids, [ChunkEntry(self, i) for i in range(len(rids))])
+        conn.expect_batch(self)
 
-    def end(self, index: int, outcome: Any) -> None:
-        if self.outcomes[index] is not None:
+    def done(self) -> bool:
+        return self.future.done()
+
+    def answer(self, rid: int, items: list[Any], failed: int) -> None:
+        """The BatchReply to chunk ``rid``: its items, ``failed`` of them errors."""
+        k = self.index[rid]
+        start, end = self.bounds[k]
+        if failed == 0 and len(items) == end - start and self.outcomes[k] is None:
+            self.items[start:end] = items
+            self.whole += 1
+        self._end(k, items)
+
+    def fail(self, rid: int, error: BaseException) -> None:
+        """Chunk ``rid`` ended with ``error`` (an error reply for the whole chunk, say)."""
+        self._end(self.index[rid], error)
+
+    def set_exception(self, error: BaseException) -> None:
+        """Every chunk still waiting ends with ``error`` (the connection's end, the deadline)."""
+        for k, outcome in enumerate(self.outcomes):
+            if outcome is None:
+                self._end(k, error)
+
+    def _end(self, k: int, outcome: Any) -> None:
+        if self.outcomes[k] is not None:
             return
-        self.outcomes[index] = outcome
+        self.outcomes[k] = outcome
         self.left -= 1
         if self.left == 0 and not self.future.done():
             self.future.set_result(None)
@@ -163,10 +167,8 @@ class BatchCall:
         return self.outcomes
 
     def _expire(self) -> None:
-        waiting = [i for i, o in enumerate(self.outcomes) if o is None]
         self._forget_waiting()
-        for i in waiting:
-            self.end(i, CallTimeoutError("the call's deadline passed before an answer"))
+        self.set_exception(CallTimeoutError("the call's deadline passed before an answer"))
 
     def _forget_waiting(self) -> None:
         for rid, outcome in zip(self.rids, self.outcomes):
@@ -176,7 +178,7 @@ class BatchCall:
 
 def results(method: Method, prepared: Prepared, call: BatchCall) -> list[Any]:
     """One result per request, in order: the decoded reply, or the exception it ended with."""
-    decoded = _decoded_all(method, prepared.bounds, call)
+    decoded = _decoded_all(method, call)
     failed = prepared.failed
     if failed is None:  # every request was sent
         return decoded
@@ -185,18 +187,14 @@ def results(method: Method, prepared: Prepared, call: BatchCall) -> list[Any]:
     return failed
 
 
-def _decoded_all(method: Method, bounds: list[tuple[int, int]], call: BatchCall) -> list[Any]:
-    outcomes = call.outcomes
-    # The common case: every chunk answered, each with exactly its items and none an error.
-    if call.failed_items == 0 and all(
-        not isinstance(o, BaseException) and len(o) == end - start for o, (start, end) in zip(outcomes, bounds)
-    ):
+def _decoded_all(method: Method, call: BatchCall) -> list[Any]:
+    if call.whole == len(call.outcomes):  # every chunk answered with all its items, none failed
         try:
-            return method.reply.decode_many(list(chain.from_iterable(outcomes)))
+            return method.reply.decode_many(call.items)
         except CodecError:
             pass
     out: list[Any] = []
-    for (start, end), outcome in zip(bounds, outcomes):
+    for (start, end), outcome in zip(call.bounds, call.outcomes):
         out += _decoded(method, _items(outcome, end - start))
     return out
 

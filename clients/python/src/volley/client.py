@@ -201,7 +201,7 @@ class Client:
         conn = await self._connection()
         await conn.writable()
         rids = [self.sequence.next(conn.pending) for _ in prepared.bounds]
-        call = batch.BatchCall(conn, rids)
+        call = batch.BatchCall(conn, rids, prepared.bounds)
         flags = proto.FLAG_IDEMPOTENT if idempotent else 0
         ext = self._extensions(conn, budget)
         frames = proto.batch_request_frames(
