@@ -183,12 +183,17 @@ def test_a_cancelled_batch_forgets_and_cancels_every_chunk():
     run(main())
 
 
-def test_a_chunk_answered_with_a_reply_fails_with_a_protocol_error():
-    """A Reply where a BatchReply is due fails that chunk's items (and only those)."""
+def test_a_chunk_answered_with_an_error_or_a_reply_fails_alone():
+    """An Error for one chunk fails its items, a Reply where a BatchReply is due fails that
+    chunk's with a protocol error, and the other chunks' items carry their replies."""
 
     async def main():
         def answer(rid, items):
-            return proto.reply_message(rid, b"?") if items[0] == b"\x00" else echo_reply(rid, items)
+            if items[0] == b"\x00":
+                return proto.reply_message(rid, b"?")
+            if items[0] == b"\x01":
+                return proto.error_message(rid, volley.Code.OVERLOADED, "busy")
+            return echo_reply(rid, items)
 
         async with FakeServer(answer) as address:
             client = volley.Client(address)
@@ -196,7 +201,9 @@ def test_a_chunk_answered_with_a_reply_fails_with_a_protocol_error():
             results = await client.call_batch(ECHO, items, chunk=10, timeout=60)
             assert all(isinstance(r, volley.ProtocolViolationError) for r in results[:10]), results[:10]
             assert "answered a BatchRequest with a Reply" in str(results[0])
-            assert results[10:] == items[10:]
+            assert all(isinstance(r, volley.OverloadedError) for r in results[10:20]), results[10:20]
+            assert results[20:] == items[20:]
+            assert not client._conn.pending
             await client.close(timeout=1)
 
     run(main())
