@@ -5,9 +5,9 @@ A batch is the client's path for many small items, so the work per item is kept 
 and lengths are checked with ``map``, each chunk's items are joined at once
 (``proto.batch_request_frames``, written a frame at a time as the socket takes them), and
 a BatchReply whose items all succeeded is taken whole (the decoder counts the failed ones).
-The connection's table holds one entry per chunk (each is a request with its own id, §7),
-but the entries share one future and one deadline timer: the caller wakes once, when the last
-chunk has ended, rather than once per chunk.
+Each chunk is a request with its own id (§7), but the connection's table holds the batch
+itself under every one of them, and the batch has one future and one deadline timer: the
+caller wakes once, when the last chunk has ended, rather than once per chunk.
 """
 
 from __future__ import annotations
