@@ -38,16 +38,29 @@ echo \"test result: ok. 3 passed; 0 failed; \${FAKE_IGNORED:-0} ignored; 0 measu
 exit \${FAKE_CARGO_STATUS:-0}"
 
 # The python3 that the fake python3-venv package brings (kept aside until then), and the
-# Python of the environments its `-m venv DIR` makes, which runs pip and pytest (pytest exits
-# with $FAKE_PYTEST_STATUS).
+# Python of the environments its `-m venv DIR` makes, which runs pip, pytest and vermin (pytest
+# exits with $FAKE_PYTEST_STATUS, or in the Python 3.10 environment $FAKE_OLDEST_PYTEST_STATUS;
+# vermin with $FAKE_VERMIN_STATUS).
 mkdir -p "$scratch/aside"
 printf '#!%s\n%s\n' "$BASH" "echo \"venv-python \$*\" >>'$log'
-[ \"\$2\" != pytest ] || exit \${FAKE_PYTEST_STATUS:-0}" >"$scratch/aside/venv-python"
+case \"\$2 \$0\" in
+'pytest '*python3.10-venv*) exit \${FAKE_OLDEST_PYTEST_STATUS:-0} ;;
+'pytest '*) exit \${FAKE_PYTEST_STATUS:-0} ;;
+'import sys, vermin'*) exit \${FAKE_VERMIN_STATUS:-0} ;;
+esac" >"$scratch/aside/venv-python"
 printf '#!%s\n%s\n' "$BASH" "echo \"python3 \$*\" >>'$log'
 if [ \"\$1 \$2\" = '-m venv' ]; then
     /bin/mkdir -p \"\$3/bin\" && /bin/cp '$scratch/aside/venv-python' \"\$3/bin/python\"
 fi" >"$scratch/aside/python3"
 chmod +x "$scratch/aside/venv-python" "$scratch/aside/python3"
+# A Python 3.10 where scripts/test looks for pyenv's (PYENV_ROOT), put there by the tests that
+# want one: its `-m venv DIR` makes the same logging DIR/bin/python.
+oldest="$scratch/pyenv/versions/3.10.99/bin/python3.10"
+printf '#!%s\n%s\n' "$BASH" "echo \"python3.10 \$*\" >>'$log'
+if [ \"\$1 \$2\" = '-m venv' ]; then
+    /bin/mkdir -p \"\$3/bin\" && /bin/cp '$scratch/aside/venv-python' \"\$3/bin/python\"
+fi" >"$scratch/aside/python3.10"
+chmod +x "$scratch/aside/python3.10"
 
 failures=0
 checks=0
@@ -66,7 +79,7 @@ check() {
 run() {
     : >"$log"
     status=0
-    out="$(PATH="$bin" "$BASH" "$scratch/tree/scripts/test" "$@" 2>&1)" || status=$?
+    out="$(PATH="$bin" PYENV_ROOT="$scratch/pyenv" "$BASH" "$scratch/tree/scripts/test" "$@" 2>&1)" || status=$?
     calls="$(<"$log")"
 }
 
@@ -78,6 +91,7 @@ check "--check says what would run" "$out" "*would run: cargo test --workspace -
 check "--check names the missing Python" "$out" "*python3 with venv: missing; would install python3 python3-venv*"
 check "--check names the missing Chromium" "$out" "*chromium: missing; would install chromium*"
 check "--check says the Python suite would run" "$out" "*would run: cargo build -p volley-cli;*pytest clients/python*"
+check "--check says the check against Python 3.10 would run" "$out" "*would run: vermin --target=3.10-*"
 check "--check installs and runs nothing" "$calls" ""
 
 # The first run installs etcd-server, then runs every suite with the ignored tests included.
@@ -99,7 +113,9 @@ check "the first run refreshes the package lists once" "$(grep -c 'apt-get updat
 check "the first run builds the binary, makes the environment and runs pytest" "$calls" "*"$'\n'"cargo build -p volley-cli
 python3 -m venv target/python-venv
 venv-python -m pip install *-e clients/python\[test\]
-venv-python -m pytest *clients/python"
+venv-python -m pytest *clients/python
+venv-python -c import sys, vermin; sys.exit(vermin.main()) --target=3.10- *clients/python/src*"
+check "without Python 3.10 the run says only the static check covers it" "$out" "*Python 3.10: not found*only the static check*"
 
 # The second run installs nothing and runs the same tests.
 run
@@ -108,12 +124,26 @@ check "the second run calls no package manager and reuses the environment" "$cal
 shell test ran
 cargo test --workspace -- --include-ignored
 cargo build -p volley-cli
-venv-python -m pytest -p no:cacheprovider -q clients/python"
+venv-python -m pytest -p no:cacheprovider -q clients/python
+venv-python -c import sys, vermin; sys.exit(vermin.main()) --target=3.10- --no-tips --violations -q clients/python/src clients/python/tests clients/python/bench"
 check "the second run finds etcd" "$out" "*etcd: present*"
 check "the second run finds chromium" "$out" "*chromium: present*"
 check "the second run says it installed nothing" "$out" "*installed: nothing*"
 run --check
 check "--check on a set-up machine would install nothing" "$out" "*would install: nothing*"
+
+# With a Python 3.10 (pyenv's), the suite runs under it too, in an environment of its own.
+mkdir -p "${oldest%/*}" && cp "$scratch/aside/python3.10" "$oldest"
+run
+check "with Python 3.10 the run succeeds" "$status" 0
+check "with Python 3.10 the suite runs under it too" "$calls" "*venv-python -c import sys, vermin*
+python3.10 -c import ensurepip, venv
+python3.10 -m venv target/python3.10-venv
+venv-python -m pip install *-e clients/python\[test\]
+venv-python -m pytest -p no:cacheprovider -q clients/python"
+FAKE_OLDEST_PYTEST_STATUS=1 run
+check "failing Python tests under 3.10 fail the run" "$status" 1
+rm -r "$scratch/pyenv"
 
 # Arguments go to cargo test, before the harness's own.
 run etcd
@@ -128,6 +158,8 @@ FAKE_CARGO_STATUS=101 run
 check "failing tests fail the run" "$status" 101
 FAKE_PYTEST_STATUS=1 run
 check "failing Python tests fail the run" "$status" 1
+FAKE_VERMIN_STATUS=1 run
+check "code that needs a Python newer than 3.10 fails the run" "$status" 1
 
 # Without cargo nothing is installed; a package that does not give etcd is an error.
 rm "$bin/etcd" "$bin/cargo" "$bin/python3" "$bin/chromium"

@@ -6,8 +6,8 @@ conformance interop`) against the Python server, the Python client against the R
 from __future__ import annotations
 
 import asyncio
-import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -112,30 +112,44 @@ def test_the_rust_server_going_away_mid_batch_ends_every_python_call_once():
         server.stop()
 
 
-def test_the_python_server_going_away_mid_batch_ends_the_rust_clients_calls():
-    """`volley bench` (the Rust client) sends 10,000-item batches until the Python server
-    process is killed: its calls all end, and it reports them failed (no hang)."""
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_the_python_server_going_away_mid_batch_ends_every_rust_call_once(tmp_path, transport):
+    """`volley conformance going-away` (the Rust client) streams a 10,000-item batch through
+    the Python server process; once half is answered the server is stopped, 100 single calls
+    and more chunks are sent, and the server is killed: the check asserts per call that each
+    ended once, with its own reply or a connection error (and that some did fail)."""
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "interop_server.py"), "tcp://127.0.0.1:0"],
+        [sys.executable, str(HERE / "interop_server.py"), listen_address(transport, tmp_path), TOKEN],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         address = proc.stdout.readline().split()[-1]
-        bench = subprocess.Popen(
-            [volley_bin(), "bench", "--connect", address, "--mode", "batch", "--batch-size", "10000"]
-            + ["--concurrency", "4", "--duration", "3", "--warmup", "0", "--json"],
+        check = subprocess.Popen(
+            [volley_bin(), "conformance", "going-away", address, "--token", TOKEN, "--items", "10000"]
+            + ["--singles", "100"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1)  # lets the bench get batches in flight; the assertions do not depend on it
+        asked = check.stdout.readline()
+        assert "5000 of 10000 items answered: stop the server" in asked, asked + check.stderr.read()
+        proc.send_signal(signal.SIGSTOP)
+        check.stdin.write("stopped\n")
+        check.stdin.flush()
+        asked = check.stdout.readline()
+        assert "calls in flight: make the server go away" in asked, asked + check.stderr.read()
         proc.kill()
-        out, err = bench.communicate(timeout=300)
-        assert bench.returncode != 0, out
-        assert "requests failed" in err and "connection" in err, err
-        report = json.loads(out)
-        assert report["errors"] > 0, report
+        proc.wait()
+        check.stdin.write("killed\n")
+        check.stdin.flush()
+        out, err = check.communicate(timeout=300)
+        assert check.returncode == 0, out + err
+        assert "1 cases, 0 failed" in out, out
+        assert re.search(
+            r"10100 calls \(10000 batch items, 100 single\): \d+ replied, [1-9]\d* connection errors", out
+        ), out
     finally:
         proc.kill()
         proc.wait()

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use volley_conformance::client_side::ClientSide;
+use volley_conformance::going_away::{self, Plan, Step};
 use volley_conformance::json::unhex_checked;
 use volley_conformance::{Report, driver, interop, server_side};
 
@@ -50,6 +51,24 @@ enum Side {
         addr: String,
         #[arg(long)]
         token: Option<String>,
+    },
+    /// The Rust client against a server under test at ADDR (serving echo/echo) that goes away
+    /// mid-batch, made to by whoever runs this: it streams a batch of ITEMS through the server;
+    /// once half is answered it prints a line asking for the server to be stopped (SIGSTOP)
+    /// and waits for a line on stdin; then it sends SINGLES calls and more of the batch, prints
+    /// a line asking for the server to go away (SIGKILL) and waits for a line again. Every item
+    /// and call must then end exactly once, with its own reply or a connection error; exit
+    /// non-zero if not.
+    GoingAway {
+        addr: String,
+        #[arg(long)]
+        token: Option<String>,
+        /// Items of the batch (chunks of 100, 8 in flight).
+        #[arg(long, default_value_t = 10_000)]
+        items: usize,
+        /// Single calls sent while the server is stopped.
+        #[arg(long, default_value_t = 100)]
+        singles: usize,
     },
     /// Serve echo/echo and echo/fail_odd at ADDR (port 0: any) until interrupted: the Rust
     /// server that other implementations' clients check themselves against.
@@ -96,6 +115,13 @@ pub fn run(args: ConformanceArgs) -> Result<(), String> {
             }
         }
         Side::Interop { addr, token } => verdict(runtime.block_on(interop::check(&addr, token.as_deref()))),
+        Side::GoingAway { addr, token, items, singles } => {
+            if !(2..=u32::MAX as usize).contains(&items) {
+                return Err(format!("--items {items}: expected 2 to {}", u32::MAX));
+            }
+            let plan = Plan { items, singles, ..Plan::default() };
+            verdict(runtime.block_on(going_away::check(&addr, token.as_deref(), plan, prompt)))
+        }
         Side::Serve { addr, token } => runtime.block_on(serve(&addr, token.as_deref())),
         Side::Hash { seed } => hash_lines(seed),
     }
@@ -104,6 +130,27 @@ pub fn run(args: ConformanceArgs) -> Result<(), String> {
 fn verdict(report: Report) -> Result<(), String> {
     print!("{}", report.render());
     if report.passed() { Ok(()) } else { Err("conformance cases failed".into()) }
+}
+
+/// Asks (on stdout) for the server to be acted on, and waits for the line on stdin that says
+/// it was.
+async fn prompt(step: Step) -> Result<(), String> {
+    match step {
+        Step::Stop { answered, items } => {
+            println!("{answered} of {items} items answered: stop the server, then send a line")
+        }
+        Step::GoAway { in_flight } => {
+            println!("{in_flight} calls in flight: make the server go away, then send a line")
+        }
+    }
+    let read = tokio::task::spawn_blocking(|| std::io::stdin().lock().read_line(&mut String::new()));
+    match tokio::time::timeout(Duration::from_secs(600), read).await {
+        Ok(Ok(Ok(n))) if n > 0 => Ok(()),
+        Ok(Ok(Ok(_))) => Err("stdin closed before the server was acted on".into()),
+        Ok(Ok(Err(e))) => Err(format!("reading stdin: {e}")),
+        Ok(Err(e)) => Err(format!("reading stdin: {e}")),
+        Err(_) => Err("no line on stdin within 600 s".into()),
+    }
 }
 
 async fn serve(addr: &str, token: Option<&str>) -> Result<(), String> {

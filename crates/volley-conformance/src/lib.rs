@@ -5,13 +5,16 @@
 //! - [`server_side::play`] connects to a server under test and plays the `echo_server` cases;
 //! - [`client_side::serve`] listens, and plays the server's side of the `client` cases
 //!   against a client under test, whose driver asks it for each call to make and reports
-//!   what the call ended with.
+//!   what the call ended with;
+//! - [`going_away::check`] streams a batch through a server that is made to go away mid-batch,
+//!   and checks that every call ended exactly once.
 //!
 //! This crate's tests check the Rust implementation against every case, and run both
 //! runners against the Rust server and client.
 
 pub mod client_side;
 pub mod driver;
+pub mod going_away;
 pub mod interop;
 pub mod json;
 pub mod server_side;

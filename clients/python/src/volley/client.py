@@ -19,18 +19,15 @@ import itertools
 import ssl as ssl_module
 from typing import Any, Iterable
 
-from . import proto
+from . import batch, proto
 from .address import open_connection, parse
 from .codec import Method
 from .connection import Connection
 from .errors import (
     CallTimeoutError,
     ClosedError,
-    CodecError,
     ConnectionLostError,
-    ProtocolViolationError,
     TooLargeError,
-    error_for,
 )
 from .proto import MAX_BATCH_ITEMS, MAX_FRAME_LEN
 
@@ -194,34 +191,24 @@ class Client:
         chunk: int = DEFAULT_CHUNK,
     ) -> list[Any]:
         """Calls ``method`` once per request, in BatchRequest chunks of ``chunk`` items (at
-        most 65,536) sent together, and waits once. Returns one result per request, in order: the decoded reply, or the exception
-        instance that item ended with (an error reply, a decode error, a timeout ...). A failure
-        of a whole chunk (an unknown method, a lost connection) is every one of its items'."""
+        most 65,536) sent together, and waits once. Returns one result per request, in order:
+        the decoded reply, or the exception instance that item ended with (an error reply, a
+        decode error, a timeout ...). A failure of a whole chunk (an unknown method, a lost
+        connection) is every one of its items'."""
         budget = self._budget(timeout)
         deadline = asyncio.get_running_loop().time() + budget
-        room = _chunk_room(method)
-        results, payloads = _encoded(method, list(requests), room)
+        prepared = batch.Prepared(method, list(requests), min(max(chunk, 1), MAX_BATCH_ITEMS))
         conn = await self._connection()
         await conn.writable()
+        rids = [self.sequence.next(conn.pending) for _ in prepared.bounds]
+        call = batch.BatchCall(conn, rids, prepared.bounds)
         flags = proto.FLAG_IDEMPOTENT if idempotent else 0
         ext = self._extensions(conn, budget)
-        chunks, messages = [], []
-        for start, end in _chunks(payloads, min(max(chunk, 1), MAX_BATCH_ITEMS), room):
-            rid = self.sequence.next(conn.pending)
-            messages.append(proto.batch_request_message(rid, flags, method.names, payloads[start:end], ext))
-            chunks.append((rid, conn.expect(rid), start, end))
-        conn.send_many(messages)
-        outcomes = await asyncio.gather(
-            *(_wait(conn, rid, fut, deadline) for rid, fut, _, _ in chunks), return_exceptions=True
+        frames = proto.batch_request_frames(
+            rids, flags, method.names, prepared.payloads, prepared.bounds, prepared.size, ext
         )
-        decoded = []
-        for (_, _, start, end), outcome in zip(chunks, outcomes):
-            decoded += _decoded(method, _items(outcome, end - start))
-        if results is None:  # every request was sent
-            return decoded
-        for k, value in zip((i for i, r in enumerate(results) if r is None), decoded):
-            results[k] = value
-        return results
+        await call.run(frames, deadline)
+        return batch.results(method, prepared, call)
 
     async def ping(self, timeout: float | None = None) -> float:
         """Sends a Ping and waits for its Pong (§9.5); returns the round trip in seconds."""
@@ -252,7 +239,7 @@ class Client:
         if conn is None:
             return
         conn.half_close()
-        waiting = [f for f in conn.pending.values() if not f.done()]
+        waiting = conn.waiting()
         if waiting:
             await asyncio.wait(waiting, timeout=self._budget(timeout))
         conn.close()
@@ -284,90 +271,3 @@ async def _wait(conn: Connection, rid: int, fut: asyncio.Future, deadline: float
 def _expire(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_exception(CallTimeoutError("the call's deadline passed before an answer"))
-
-
-def _chunk_room(method: Method) -> int:
-    """Bytes of items one BatchRequest of ``method`` can carry in a frame (§5.2)."""
-    return MAX_FRAME_LEN - (16 + len(method.names) + 2 + 255)
-
-
-def _encoded(method: Method, requests: list[Any], room: int) -> tuple[list[Any] | None, list[bytes]]:
-    """The payloads that can be sent, and one slot per request: ``None`` where its payload
-    is among them, the exception it failed with otherwise (a value that does not encode, an
-    item too large for a frame). The slots are ``None`` themselves when every request went."""
-    encode = method.request.encode
-    try:
-        payloads = method.request.encode_many(requests)
-        if not payloads or 4 + max(map(len, payloads)) <= room:
-            return None, payloads
-    except CodecError:
-        pass
-    results: list[Any] = []
-    payloads = []
-    for r in requests:
-        try:
-            p = encode(r)
-        except CodecError as e:
-            results.append(e)
-            continue
-        if 4 + len(p) > room:
-            results.append(TooLargeError(f"a batch item of {len(p)} bytes does not fit in a frame"))
-            continue
-        payloads.append(p)
-        results.append(None)
-    return results, payloads
-
-
-def _chunks(payloads: list[bytes], per_chunk: int, room: int) -> list[tuple[int, int]]:
-    """``(start, end)`` of each BatchRequest: at most ``per_chunk`` items and ``room`` bytes."""
-    n = len(payloads)
-    if n and per_chunk * (4 + max(map(len, payloads))) <= room:  # no chunk can be too large
-        return [(i, min(i + per_chunk, n)) for i in range(0, n, per_chunk)]
-    out = []
-    start, size = 0, 0
-    for i, p in enumerate(payloads):
-        need = 4 + len(p)
-        if i > start and (i - start == per_chunk or size + need > room):
-            out.append((start, i))
-            start, size = i, 0
-        size += need
-    if start < len(payloads):
-        out.append((start, len(payloads)))
-    return out
-
-
-def _items(outcome: Any, n: int) -> list[Any]:
-    """One chunk's outcome as ``n`` item results: the BatchReply's items, or the chunk's
-    exception for each (missing items of a short reply fail, §6.10)."""
-    if isinstance(outcome, BaseException):
-        return [outcome] * n
-    items = list(outcome[:n])
-    if len(items) < n:
-        missing = ProtocolViolationError(f"the batch reply has {len(outcome)} items for {n} requests")
-        items.extend([missing] * (n - len(items)))
-    return items
-
-
-def _decoded(method: Method, items: list[Any]) -> list[Any]:
-    """Each item's result: the decoded reply, or the exception it ended with."""
-    decode = method.reply.decode
-    try:
-        if set(map(type, items)) <= {bytes}:  # no item failed: the common case, checked in C
-            return method.reply.decode_many(items)
-        return [decode(i) if type(i) is bytes else _failed(i) for i in items]
-    except CodecError:
-        return [_decoded_one(decode, i) for i in items]
-
-
-def _failed(item: Any) -> BaseException:
-    """An item's exception: the chunk's, or the item's own error ``(code, message)``."""
-    return item if isinstance(item, BaseException) else error_for(*item)
-
-
-def _decoded_one(decode, item: Any) -> Any:
-    if type(item) is not bytes:
-        return _failed(item)
-    try:
-        return decode(item)
-    except CodecError as e:
-        return e

@@ -13,6 +13,7 @@ import asyncio
 from typing import Callable
 
 from . import proto
+from .batch import BatchCall
 from .decoder import Decoder
 from .outbox import Outbox
 from .errors import (
@@ -34,8 +35,8 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.token = token
         self.decoder = Decoder()
-        # id -> the future of the call (or of one chunk of a batch) waiting for it.
-        self.pending: dict[int, asyncio.Future] = {}
+        # id -> the future of the call waiting for it, or the BatchCall of a batch's chunk.
+        self.pending: dict[int, asyncio.Future | BatchCall] = {}
         self.pings: dict[int, asyncio.Future] = {}
         self.ready: asyncio.Future = self.loop.create_future()  # the server's features byte
         self.closed: asyncio.Future = self.loop.create_future()
@@ -116,14 +117,20 @@ class Connection(asyncio.Protocol):
 
     def _dispatch(self, m: tuple) -> None:
         kind = m[0]
-        if kind == REPLY or kind == BATCH_REPLY:
-            fut = self.pending.pop(m[1], None)
-            if fut is not None and not fut.done():
-                fut.set_result(m[2])
-        elif kind == ERROR:
-            fut = self.pending.pop(m[1], None)
-            if fut is not None and not fut.done():
-                fut.set_exception(error_for(m[2], m[3]))
+        if kind == REPLY or kind == BATCH_REPLY or kind == ERROR:
+            entry = self.pending.pop(m[1], None)
+            if entry is None or entry.done():
+                return
+            batch = type(entry) is BatchCall
+            if kind == BATCH_REPLY and batch:
+                entry.answer(m[1], m[2], m[3])
+            elif kind == REPLY and not batch:
+                entry.set_result(m[2])
+            elif kind == ERROR:
+                _failed(entry, m[1], error_for(m[2], m[3]))
+            else:
+                asked, got = ("BatchRequest", "Reply") if batch else ("Request", "BatchReply")
+                _failed(entry, m[1], ProtocolViolationError(f"the server answered a {asked} with a {got}"))
         elif kind == PING:
             self.send(proto.pong_message(m[1]))
         elif kind == PONG:
@@ -167,6 +174,13 @@ class Connection(asyncio.Protocol):
     def send_many(self, messages: list[bytes]) -> None:
         self.outbox.send_many(messages)
 
+    def write_frame(self, frame: bytes) -> None:
+        """Writes one whole frame now (a batch's: its frames are many and large, and the server
+        can start on the first while the next is encoded)."""
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(frame)
+
     async def writable(self) -> None:
         """Waits while the socket's send buffer is full (the server is not reading)."""
         if not self._can_write.is_set():
@@ -183,6 +197,22 @@ class Connection(asyncio.Protocol):
         else:
             self.pending[rid] = fut
         return fut
+
+    def expect_batch(self, call: BatchCall) -> None:
+        """A batch's chunks, by id: each ends with its answer, or with the error the
+        connection ended with (at once if it already has)."""
+        if self.lost is not None:
+            call.set_exception(self.lost)
+        else:
+            self.pending.update(dict.fromkeys(call.rids, call))
+
+    def waiting(self) -> set[asyncio.Future]:
+        """The futures of the calls still waiting (a batch's chunks share one)."""
+        return {
+            entry if isinstance(entry, asyncio.Future) else entry.future
+            for entry in self.pending.values()
+            if not entry.done()
+        }
 
     def forget(self, rid: int, cancel: bool) -> None:
         """The caller stopped waiting for ``rid`` (timeout or cancellation): drop its entry and,
@@ -203,3 +233,11 @@ class Connection(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing() and t.can_write_eof():
             t.write_eof()
+
+
+def _failed(entry: asyncio.Future | BatchCall, rid: int, error: Exception) -> None:
+    """Call ``rid`` ended with ``error`` (a single call, or one chunk of a batch)."""
+    if type(entry) is BatchCall:
+        entry.fail(rid, error)
+    else:
+        entry.set_exception(error)

@@ -57,38 +57,53 @@ class Decoder:
         max_messages: int = MAX_MESSAGES_PER_FRAME,
         max_batch_items: int = MAX_BATCH_ITEMS,
     ):
-        self.buf = bytearray()
+        # The bytes not yet decoded, as they arrived: joined only once they hold a whole frame
+        # (so a large frame arriving in many reads is copied once, not once per read).
+        self.pieces: list[bytes] = []
+        self.size = 0
+        self.need = 4  # bytes before the next frame can be decoded (its prefix, then all of it)
         self.max_frame_len = max_frame_len
         self.max_messages = max_messages
         self.max_batch_items = max_batch_items
 
     def feed(self, data: bytes) -> None:
-        self.buf += data
+        if data:
+            self.pieces.append(data if type(data) is bytes else bytes(data))
+            self.size += len(data)
 
     def in_frame(self) -> bool:
         """Whether part of a frame is buffered (the stream may not end here)."""
-        return bool(self.buf)
+        return self.size > 0
 
     def messages(self) -> list[tuple]:
         """The messages of every complete frame buffered, in order. A ``WireError`` carries
         the messages of the whole frames before the bad one in ``before`` (a server still
         answers those, §10)."""
         out: list[tuple] = []
-        buf = self.buf
-        while len(buf) >= 4:
-            n = _U32(buf, 0)[0]
-            if n == 0:
-                raise WireError("empty frame (a frame carries at least one message)", out)
-            if n > self.max_frame_len:
-                raise WireError(f"frame of {n} bytes exceeds the limit of {self.max_frame_len} bytes", out)
-            if len(buf) < 4 + n:
-                break
-            body = bytes(buf[4 : 4 + n])
-            del buf[: 4 + n]
-            try:
-                out.extend(self.frame(body))
-            except WireError as e:
-                raise WireError(str(e), out) from None
+        if self.size < self.need:
+            return out
+        b = self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
+        pos, end = 0, len(b)
+        self.need = 4
+        try:
+            while end - pos >= 4:
+                n = _U32(b, pos)[0]
+                if n == 0:
+                    raise WireError("empty frame (a frame carries at least one message)", out)
+                if n > self.max_frame_len:
+                    raise WireError(f"frame of {n} bytes exceeds the limit of {self.max_frame_len} bytes", out)
+                if end - pos < 4 + n:
+                    self.need = 4 + n
+                    break
+                try:
+                    out.extend(self.frame(b[pos + 4 : pos + 4 + n]))
+                except WireError as e:
+                    raise WireError(str(e), out) from None
+                pos += 4 + n
+        finally:
+            rest = b[pos:] if pos else b
+            self.pieces = [rest] if rest else []
+            self.size = len(rest)
         return out
 
     def frame(self, body: bytes) -> list[tuple]:
@@ -175,7 +190,8 @@ class Decoder:
         return (BATCH_REQUEST, flags, rid, service, method, ext, items), pos
 
     def batch_reply(self, b: bytes, pos: int) -> tuple[tuple, int]:
-        """Items as ``bytes`` (ok) or ``(code, message)`` (error). The loop is the batch
+        """Items as ``bytes`` (ok) or ``(code, message)`` (error), and how many are errors (so
+        that a reply without any is taken whole, with no check per item). The loop is the batch
         path's cost per item, so it leans on ``struct`` raising at the frame's end rather
         than checking first (``frame`` turns that into the truncation error)."""
         rid, count = _ID_LEN(b, pos)
@@ -185,8 +201,9 @@ class Decoder:
         end = len(b)
         uniform = _uniform_ok_items(b, pos, count, end)
         if uniform is not None:
-            return (BATCH_REPLY, rid, uniform[0]), uniform[1]
+            return (BATCH_REPLY, rid, uniform[0], 0), uniform[1]
         items: list = []
+        failed = 0
         append = items.append
         u32, code_len = _U32, _CODE_LEN
         for _ in range(count):
@@ -202,17 +219,18 @@ class Decoder:
                 if stop > end:
                     raise WireError(BATCH_ITEM_PAST_END)
                 append((code, _utf8(b[pos + 7 : stop], "error message")))
+                failed += 1
             else:
                 raise WireError(f"malformed message: unknown batch item status 0x{status:02x}")
             pos = stop
-        return (BATCH_REPLY, rid, items), pos
+        return (BATCH_REPLY, rid, items, failed), pos
 
 
 def _uniform_ok_items(b: bytes, pos: int, count: int, end: int) -> tuple[list[bytes], int] | None:
     """The items of a BatchReply whose items all succeeded with payloads of one size (the
-    usual reply to a batch of numbers, ids or hashes), cut with C-speed strided slices; or
-    ``None`` when the items are not all alike (then the general loop reads them). Returns
-    the items and where the message ends."""
+    usual reply to a batch of numbers, ids or hashes), cut in C by ``struct``; or ``None``
+    when the items are not all alike (then the general loop reads them). Returns the items
+    and where the message ends."""
     if count == 0:
         return [], pos
     if pos + 5 > end or b[pos] != 0:
@@ -222,13 +240,41 @@ def _uniform_ok_items(b: bytes, pos: int, count: int, end: int) -> tuple[list[by
     stop = pos + count * stride
     if stop > end:
         return None
-    header = b[pos : pos + 5]
+    checks, pieces = _shape(n, count)
     # Every item's status byte and length equal the first's: each of the five header bytes,
     # taken at the stride, is one repeated byte.
     for k in range(5):
-        if b[pos + k : stop : stride] != bytes([header[k]]) * count:
+        if b[pos + k : stop : stride] != checks[k]:
             return None
-    return [b[i : i + n] for i in range(pos + 5, pos + 5 + count * stride, stride)], stop
+    items: list[bytes] = []
+    for cut, at in pieces:
+        items += cut.unpack_from(b, pos + at)
+    return items, stop
+
+
+# The shapes of uniform replies seen lately (a few: a client's batches mostly share one).
+_SHAPES: dict[int, tuple[list[bytes], list[tuple[struct.Struct, int]]]] = {}
+# Items per struct: each compiled format stays small.
+_PIECE = 1024
+
+
+def _shape(n: int, count: int) -> tuple[list[bytes], list[tuple[struct.Struct, int]]]:
+    """For a reply of ``count`` successful items of ``n`` bytes: what each of the five bytes
+    before an item (status 0, length ``n``), taken at the stride, must read; and the structs
+    that cut the items (5 bytes skipped, ``n`` taken, repeated), each with its offset. The
+    struct slices in C, some five times faster than a slice per item in Python."""
+    key = n << 17 | count
+    shape = _SHAPES.get(key)
+    if shape is None:
+        if len(_SHAPES) >= 16:
+            _SHAPES.clear()
+        checks = [bytes([h]) * count for h in b"\x00" + struct.pack("<I", n)]
+        pieces = []
+        for at in range(0, count, _PIECE):
+            k = min(_PIECE, count - at)
+            pieces.append((struct.Struct(f"<{k * f'5x{n}s'}"), at * (5 + n)))
+        shape = _SHAPES[key] = (checks, pieces)
+    return shape
 
 
 def _past(b: bytes, end: int) -> int:

@@ -7,7 +7,8 @@ of every complete frame, as tuples whose first element is the kind:
     (REQUEST, flags, id, service, method, extensions, payload)
     (BATCH_REQUEST, flags, id, service, method, extensions, [payload, ...])
     (REPLY, id, payload)                (ERROR, id, code, message)
-    (BATCH_REPLY, id, [item, ...])      item: payload (bytes) or (code, message)
+    (BATCH_REPLY, id, [item, ...], failed)   item: payload (bytes) or (code, message);
+                                        failed: how many items are errors
     (CANCEL, id)   (PING, token)   (PONG, token)   (GOAWAY, code, message)   (AUTH, token)
 
 ``extensions`` is an ``Extensions`` (or ``NO_EXTENSIONS``). Every limit of §5.2 is checked and
@@ -19,6 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from itertools import chain
+from typing import Iterator
 
 MAGIC = b"VLLY"
 VERSION = 1
@@ -142,6 +144,51 @@ def batch_request_message(
         return head + prefix + prefix.join(payloads)
     # Each item's length, then the item: interleaved at C speed (this is the per-item cost).
     return head + b"".join(chain.from_iterable(zip(map(pack, map(len, payloads)), payloads)))
+
+
+_HEAD = struct.Struct("<BBQ")
+
+
+def batch_request_frames(
+    rids: list[int],
+    flags: int,
+    names: bytes,
+    payloads: list[bytes],
+    bounds: list[tuple[int, int]],
+    size: int | None,
+    ext: Extensions | None = None,
+) -> Iterator[bytes]:
+    """One BatchRequest per chunk ``payloads[start:end]`` of ``bounds``, with its id from
+    ``rids``, cut into frames as ``frames`` cuts them; yields each frame as it is made, so a
+    large batch is written while the rest is encoded, and no buffer holds all of it. ``size``:
+    the length of every payload, when they share one."""
+    pack = _U32.pack
+    prefix = b"" if size is None else pack(size)
+    head = _HEAD.pack
+    kind, flags = BATCH_REQUEST, flags | (FLAG_EXTENSIONS if ext else 0)
+    tail = names + ext.encode() if ext else names
+    fixed = _HEAD.size + len(tail) + 4
+    parts: list[bytes] = [b""]  # the frame's length goes first, once it is known
+    body = count = 0
+    for rid, (start, end) in zip(rids, bounds):
+        chunk = payloads[start:end]
+        if size is not None:
+            # Items of one size (numbers, ids, hashes ...) share their length prefix: one join.
+            items = prefix.join(chunk)
+        else:
+            # Each item's length, then the item: interleaved at C speed.
+            items = b"".join(chain.from_iterable(zip(map(pack, map(len, chunk)), chunk)))
+        length = fixed + len(prefix) + len(items)
+        if count and (count == MAX_MESSAGES_PER_FRAME or body + length > MAX_FRAME_LEN or body >= SOFT_FRAME_LEN):
+            parts[0] = pack(body)
+            yield b"".join(parts)
+            parts, body, count = [b""], 0, 0
+        parts += (head(kind, flags, rid), tail, pack(end - start), prefix, items)
+        body += length
+        count += 1
+    if count:
+        parts[0] = pack(body)
+        yield b"".join(parts)
 
 
 def reply_message(rid: int, payload: bytes) -> bytes:
