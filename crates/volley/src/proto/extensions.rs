@@ -167,6 +167,23 @@ mod tests {
         TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap()
     }
 
+    /// The one-put path for a budget alone writes what the general path writes (PROTOCOL.md
+    /// §6.2.2: the block's u16 length, then DEADLINE, its length 4, the u32 budget).
+    #[test]
+    fn a_budget_alone_is_written_as_the_general_block() {
+        let ext = Extensions { deadline_micros: Some(0x0403_0201), trace_parent: None };
+        let mut b = BytesMut::new();
+        ext.write(&mut b);
+        assert_eq!(&b[..], &[6, 0, EXT_DEADLINE, 4, 1, 2, 3, 4]);
+        assert_eq!(Extensions::parse(&b[2..]).unwrap(), ext);
+        let both = Extensions { deadline_micros: Some(7), trace_parent: Some(tp()) };
+        let mut b = BytesMut::new();
+        both.write(&mut b);
+        assert_eq!(usize::from(u16::from_le_bytes([b[0], b[1]])), b.len() - 2);
+        assert_eq!(&b[2..8], &[EXT_DEADLINE, 4, 7, 0, 0, 0]);
+        assert_eq!(Extensions::parse(&b[2..]).unwrap(), both);
+    }
+
     #[test]
     fn the_text_form_round_trips_and_bad_forms_are_refused() {
         let tp = tp();
