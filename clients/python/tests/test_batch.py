@@ -72,25 +72,35 @@ def general_loop(items: list[tuple]) -> list:
     ],
 )
 def test_batch_replies_decode_as_the_general_loop_does_whatever_the_reads(items):
-    data = b"".join(proto.frames([proto.batch_reply_message(5, items), proto.pong_message(1)]))
-    rng = random.Random(len(items))
-    cuts = sorted(rng.sample(range(1, len(data)), 20))
-    decoder = Decoder()
-    messages = []
-    for start, end in zip([0, *cuts], [*cuts, len(data)]):
-        decoder.feed(data[start:end])
-        messages += decoder.messages()
-    assert not decoder.in_frame()
     failed = sum(1 for i in items if not i[0])
-    assert messages == [(proto.BATCH_REPLY, 5, general_loop(items), failed), (proto.PONG, 1)]
+    reply = (proto.BATCH_REPLY, 5, general_loop(items), failed)
+    two = (proto.BATCH_REPLY, 6, [b"ok"] * 3, 0)
+    # A frame of BatchReplies alone (read where it lies when they all succeeded with one size
+    # each), and one with another kind of message too (read from a copy, message by message).
+    for messages, want in [
+        ([proto.batch_reply_message(5, items), proto.batch_reply_message(6, [(True, b"ok")] * 3)], [reply, two]),
+        ([proto.batch_reply_message(5, items), proto.pong_message(1)], [reply, (proto.PONG, 1)]),
+    ]:
+        data = b"".join(proto.frames(messages))
+        rng = random.Random(len(items))
+        cuts = sorted(rng.sample(range(1, len(data)), 20))
+        decoder = Decoder()
+        got = []
+        for start, end in zip([0, *cuts], [*cuts, len(data)]):
+            decoder.feed(data[start:end])
+            got += decoder.messages()
+        assert not decoder.in_frame()
+        assert got == want
 
 
-def test_a_truncated_uniform_reply_is_a_wire_error():
+@pytest.mark.parametrize("second", [b"", proto.pong_message(1)])
+def test_a_truncated_uniform_reply_is_a_wire_error(second):
     message = proto.batch_reply_message(5, [(True, b"x" * 64)] * 128)
     decoder = Decoder()
-    decoder.feed(proto.frames([message[:-1]])[0])
-    with pytest.raises(proto.WireError, match="runs past the end"):
+    decoder.feed(proto.frames([message[:-1] + second])[0] + proto.frames([message])[0])
+    with pytest.raises(proto.WireError, match="runs past the end") as e:
         decoder.messages()
+    assert e.value.before == []
 
 
 class FakeServer:
