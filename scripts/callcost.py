@@ -3,7 +3,7 @@
 
     cargo build --release -p volley --example callcost
     python3 scripts/callcost.py [--bin target/release/examples/callcost] [--compare OTHER] \
-        [--scenario tcp-256 ...] [--profile DIR] [--no-metrics]
+        [--scenario tcp-256 ...] [--profile DIR] [--no-metrics] [--runs K]
 
 Timing a benchmark on a shared 2-core machine moves by 10% from one minute to the next; the
 instructions a call executes do not. Each scenario runs the `callcost` example twice, with N
@@ -14,9 +14,11 @@ replace them: it tells what a change adds to the work of a call, exactly.
 
 With --profile DIR the 2N run's callgrind file is kept there, for `callgrind_annotate`.
 With --no-metrics the library's metrics are off (both sides); --compare-metrics runs one build
-with them on and off, side by side: what they cost per call.
+with them on and off, side by side: what they cost per call. With --runs K each variant is
+measured K times, interleaved, and the medians (and the median of the runs' ratios) reported:
+the count moves by about 1% from run to run with the scheduling of the callers.
 """
-import argparse, os, re, subprocess, sys
+import argparse, os, re, statistics, subprocess, sys
 
 # (name, callers, calls per caller for the short run, transport, mode)
 SCENARIOS = {
@@ -41,8 +43,9 @@ def instructions(binary, callers, per, transport, mode, metrics, out):
     return int(m.group(1)), int(run.stdout.split()[0])
 
 
-def per_call(binary, scenario, profile, metrics):
+def per_call(binary, scenario, profile, metrics, scale):
     callers, per, transport, mode = SCENARIOS[scenario]
+    per *= scale
     short_out = f"/tmp/callcost.{os.getpid()}.short"
     long_out = os.path.join(profile, f"{scenario}.{os.path.basename(binary)}.callgrind") if profile \
         else f"/tmp/callcost.{os.getpid()}.long"
@@ -62,6 +65,11 @@ def main():
     ap.add_argument("--profile", metavar="DIR")
     ap.add_argument("--no-metrics", action="store_true")
     ap.add_argument("--compare-metrics", action="store_true", help="metrics on against off")
+    ap.add_argument("--scale", type=int, default=1,
+                    help="K times the calls per run: start-up noise (the clock's calibration with "
+                         "metrics on) spread over K times as many calls")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="measure each variant this many times, interleaved, and report medians")
     a = ap.parse_args()
     if a.compare and a.compare_metrics:
         sys.exit("--compare and --compare-metrics: one at a time")
@@ -76,13 +84,17 @@ def main():
         variants = [(a.bin, "metrics"), (a.bin, "nometrics")]
     head = "| scenario | " + " | ".join(f"instructions per item, {b} ({m})" for b, m in variants)
     two = len(variants) == 2
-    print(head + (" | ratio |" if two else " |"))
-    print("|---|" + "---:|" * (len(variants) + two))
+    print(head + (" | ratio" if two else "") + (" | runs" if a.runs > 1 else "") + " |")
+    print("|---|" + "---:|" * (len(variants) + two) + ("---|" if a.runs > 1 else ""))
     for s in a.scenario or ["tcp-256", "tcp-1", "inproc-256", "tcp-batch"]:
-        costs = [per_call(b, s, a.profile, m) for b, m in variants]
+        runs = [[per_call(b, s, a.profile, m, a.scale) for b, m in variants] for _ in range(a.runs)]
+        costs = [statistics.median(r[i] for r in runs) for i in range(len(variants))]
         row = f"| {s} | " + " | ".join(f"{c:,.0f}" for c in costs)
         if two:
-            row += f" | {costs[0] / costs[1]:.3f}"
+            # The median of the runs' ratios: each run's two variants were measured back to back.
+            row += f" | {statistics.median(r[0] / r[1] for r in runs):.3f}"
+        if a.runs > 1:
+            row += " | " + "; ".join(" / ".join(f"{c:,.0f}" for c in r) for r in runs)
         print(row + " |", flush=True)
 
 

@@ -347,8 +347,8 @@ impl Inner {
         if !self.config.metrics {
             return None;
         }
-        let (method, tally) = metrics::client::method(m.service(), m.name());
-        Some(CallMeter::start_on(method, tally, n, timing))
+        let (method, home) = metrics::client::method(m.service(), m.name());
+        Some(CallMeter::start_on(method, home, n, timing))
     }
 
     /// Request ids are the client id (upper half) and a per-client sequence (lower half).

@@ -387,6 +387,7 @@ impl FrameBuilder {
         }
     }
 
+    #[inline]
     fn message<E, F: FnOnce(&mut BytesMut) -> Result<(), E>>(
         &mut self,
         header: impl FnOnce(&mut BytesMut),
