@@ -28,10 +28,7 @@ use tracing::field::{Empty, display};
 use tracing_subscriber::Registry;
 use tracing_subscriber::registry::LookupSpan;
 
-use bytes::Bytes;
-
 use crate::proto::TraceParent;
-use crate::proto::message::as_str;
 
 /// W3C trace flags: the trace is sampled (recorded).
 const SAMPLED: u8 = 0x01;
@@ -85,15 +82,19 @@ fn link_call(span: &Span) -> TraceParent {
 
 /// The span of a request a server serves (`None` when no subscriber wants it): a root of this
 /// process's span tree, and the child of the caller's span (`remote`) when the request carried
-/// its trace context. The names are the request's (checked UTF-8), read only for an enabled
-/// span; inlined for the same reason as [`call_span`].
+/// its trace context. The names are the request's (checked UTF-8 off the wire), read only for
+/// an enabled span; inlined for the same reason as [`call_span`].
+///
+/// An inproc call has a serve span too, the child of its call span by the same context: the
+/// call's span is not entered while it waits (see `Client::call_with`), so it cannot be a local
+/// parent, and the served span links the same way whichever transport carried the request.
 #[inline]
-pub(crate) fn serve_span(service: &Bytes, method: &Bytes, remote: Option<TraceParent>) -> Option<Span> {
+pub(crate) fn serve_span(service: &[u8], method: &[u8], remote: Option<TraceParent>) -> Option<Span> {
     let span = tracing::info_span!(
         parent: None,
         "volley.serve",
-        service = as_str(service),
-        method = as_str(method),
+        service = std::str::from_utf8(service).unwrap_or(""),
+        method = std::str::from_utf8(method).unwrap_or(""),
         trace_id = Empty,
         span_id = Empty,
         parent_id = Empty
@@ -187,7 +188,7 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::WARN);
         tracing::subscriber::with_default(subscriber, || {
             assert!(call_span("s", "m").is_none());
-            assert!(serve_span(&Bytes::from("s"), &Bytes::from("m"), None).is_none());
+            assert!(serve_span(b"s", b"m", None).is_none());
         });
     }
 
@@ -196,7 +197,7 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::INFO);
         tracing::subscriber::with_default(subscriber, || {
             let remote = TraceParent { trace_id: [7; 16], parent_id: [9; 8], flags: 0 };
-            let serve = serve_span(&Bytes::from("s"), &Bytes::from("m"), Some(remote)).expect("enabled");
+            let serve = serve_span(b"s", b"m", Some(remote)).expect("enabled");
             let _in = serve.enter();
             // A user's span in between is passed through.
             let _user = tracing::info_span!("user").entered();

@@ -48,12 +48,12 @@ impl Rec {
 }
 
 /// Everything recorded: spans in creation order, live spans' indexes by id (ids are reused
-/// after a span closes), and events (their fields).
+/// after a span closes), and events (the recorded span they happened in, their fields).
 #[derive(Default)]
 struct Recorded {
     spans: Vec<Rec>,
     live: HashMap<u64, usize>,
-    events: Vec<HashMap<String, String>>,
+    events: Vec<(Option<usize>, HashMap<String, String>)>,
 }
 
 struct Recorder(Arc<Mutex<Recorded>>);
@@ -86,10 +86,13 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
             values.record(&mut Fields(&mut r.spans[at].fields));
         }
     }
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
         let mut fields = HashMap::new();
         event.record(&mut Fields(&mut fields));
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).events.push(fields);
+        let span = ctx.event_span(event).map(|s| s.id().into_u64());
+        let mut r = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let span = span.and_then(|id| r.live.get(&id).copied());
+        r.events.push((span, fields));
     }
     fn on_close(&self, id: Id, _: Context<'_, S>) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).live.remove(&id.into_u64());
@@ -147,33 +150,23 @@ fn unique(tag: &str) -> String {
     format!("trace-{tag}-{}-{}", std::process::id(), fastrand::u32(..))
 }
 
-/// A server whose `echo` method of `service` answers its request, and whose `warm` method
-/// does too (see [`warm`]).
+/// A server whose `echo` method of `service` answers its request.
 fn echo_server(service: &'static str) -> (Server, Method<u64, u64>) {
     let m = Method::new(service, "echo");
-    let server = Server::builder()
-        .handle(&m, |x: u64| async move { Ok(x) })
-        .handle(&Method::<u64, u64>::new(service, "warm"), |x: u64| async move { Ok(x) })
-        .build();
-    (server, m)
-}
-
-/// A first call, for the connection to learn from the server's preamble that it accepts
-/// extensions: calls sent before it arrived carry none (PROTOCOL §4.4).
-async fn warm(client: &Client, service: &'static str) {
-    client.call(&Method::<u64, u64>::new(service, "warm"), 0).await.unwrap();
+    (Server::builder().handle(&m, |x: u64| async move { Ok(x) }).build(), m)
 }
 
 fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }
 
+/// The call is the first on a new connection: it waits for the server's preamble to announce
+/// extensions, rather than going without its trace context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_over_tcp_is_the_parent_of_the_span_that_serves_it() {
     let (server, service, addr) = echo_on_tcp("tcp").await;
     let echo: Method<u64, u64> = Method::new(service, "echo");
     let client = Client::connect(&addr).await.unwrap();
-    warm(&client, service).await;
     assert_eq!(client.call(&echo, 5).await.unwrap(), 5);
 
     let (_, call) = one("volley.call", service);
@@ -189,12 +182,32 @@ async fn a_call_over_tcp_is_the_parent_of_the_span_that_serves_it() {
 /// front → back is one trace of four spans.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_a_handler_makes_is_a_child_of_the_request_it_serves() {
+    handler_chain("tcp").await;
+}
+
+/// The same chain in process: no request is encoded, but every call has a serve span linked
+/// to it by the same context, and a handler that waits still serves inside its span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inproc_handler_chain_is_one_trace_of_four_spans() {
+    handler_chain("inproc").await;
+}
+
+/// A server's address on `transport`, for a service of its own.
+fn listen_on(transport: &str, service: &str) -> String {
+    match transport {
+        "tcp" => "tcp://127.0.0.1:0".into(),
+        _ => format!("inproc://{service}"),
+    }
+}
+
+/// Client → front (a handler that waits, then calls back) → back, on `transport`.
+async fn handler_chain(transport: &str) {
     drop(lock());
-    let (back_service, front_service) = (leak(unique("back")), leak(unique("front")));
+    let (back_service, front_service) =
+        (leak(unique(&format!("{transport}-back"))), leak(unique(&format!("{transport}-front"))));
     let (back, back_echo) = echo_server(back_service);
-    let back_addr = back.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let back_addr = back.listen(&listen_on(transport, back_service)).await.unwrap().to_string();
     let to_back = Client::connect(&back_addr).await.unwrap();
-    warm(&to_back, back_service).await;
     let front_m: Method<u64, u64> = Method::new(front_service, "echo");
     let front = Server::builder()
         .handle(&front_m, move |x: u64| {
@@ -207,11 +220,9 @@ async fn a_call_a_handler_makes_is_a_child_of_the_request_it_serves() {
                     .map_err(|e| volley::Status::new(volley::Code::Internal, e.to_string()))
             }
         })
-        .handle(&Method::<u64, u64>::new(front_service, "warm"), |x: u64| async move { Ok(x) })
         .build();
-    let front_addr = front.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let front_addr = front.listen(&listen_on(transport, front_service)).await.unwrap().to_string();
     let client = Client::connect(&front_addr).await.unwrap();
-    warm(&client, front_service).await;
     assert_eq!(client.call(&front_m, 1).await.unwrap(), 2);
 
     let (_, call_front) = one("volley.call", front_service);
@@ -224,6 +235,30 @@ async fn a_call_a_handler_makes_is_a_child_of_the_request_it_serves() {
     served_for(&serve_back, &call_back);
     front.shutdown().await;
     back.shutdown().await;
+}
+
+/// A synchronous handler called in process runs inside its serve span, the call's child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inproc_call_to_a_synchronous_handler_is_served_in_a_child_span() {
+    drop(lock());
+    let service = leak(unique("inproc-sync"));
+    let echo: Method<u64, u64> = Method::new(service, "echo");
+    let server = Server::builder()
+        .handle_fn(&echo, |x: u64| {
+            tracing::info!(x, "in the handler");
+            Ok(x)
+        })
+        .build();
+    let addr = server.listen(&listen_on("inproc", service)).await.unwrap().to_string();
+    let client = Client::connect(&addr).await.unwrap();
+    assert_eq!(client.call(&echo, 3).await.unwrap(), 3);
+
+    let (_, call) = one("volley.call", service);
+    let (serve_at, serve) = one("volley.serve", service);
+    served_for(&serve, &call);
+    let in_handler = lock().events.iter().filter(|(span, _)| *span == Some(serve_at)).count();
+    assert_eq!(in_handler, 1, "the handler's event is in the serve span");
+    server.shutdown().await;
 }
 
 /// Through the controller: client → relay (its serve span, its forwarding call) → instance.
@@ -242,8 +277,6 @@ async fn a_relayed_call_keeps_the_chain_through_the_controller() {
         .unwrap();
     let client =
         ServiceClient::connect_with(&reg_addr, ServiceConfig::default().mode(Mode::Relayed)).await.unwrap();
-    // Warms the client's connection to the controller, and the controller's to the instance.
-    client.call(&Method::<u64, u64>::new(service, "warm"), 0).await.unwrap();
     let root = tracing::info_span!("relay_root", test = service);
     assert_eq!(tracing::Instrument::instrument(client.call(&echo, 9), root).await.unwrap(), 9);
 
@@ -348,7 +381,7 @@ async fn a_malformed_traceparent_is_ignored_and_the_call_succeeds() {
     sent.extend_from_slice(&trace_id);
     sent.extend_from_slice(&[3; 8]);
     sent.push(1);
-    let logged = lock().events.iter().any(|e| {
+    let logged = lock().events.iter().any(|(_, e)| {
         e.get("message").is_some_and(|m| m.contains("invalid traceparent"))
             && e.get("value") == Some(&format!("{sent:?}"))
     });
@@ -388,7 +421,6 @@ async fn a_batch_chunk_is_the_parent_of_the_span_that_serves_it() {
     let (server, service, addr) = echo_on_tcp("batch").await;
     let echo: Method<u64, u64> = Method::new(service, "echo");
     let client = Client::connect(&addr).await.unwrap();
-    warm(&client, service).await;
     let results = client.call_batch(&echo, vec![1, 2, 3]).await;
     assert_eq!(results.into_iter().map(Result::unwrap).collect::<Vec<_>>(), vec![1, 2, 3]);
     let (_, call) = one("volley.call", service);

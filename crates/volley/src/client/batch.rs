@@ -163,7 +163,7 @@ impl Client {
             Err(e) => Err(e),
             Ok(conn) => match &*conn {
                 Conn::Local(server) => {
-                    crate::transport::inproc::call_chunk(&**server, m, chunk, timeout).await
+                    crate::transport::inproc::call_chunk(&**server, m, chunk, timeout, trace).await
                 }
                 Conn::Stream(c) => {
                     let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };

@@ -40,8 +40,13 @@ pub(crate) struct StreamConn {
     sweeper: Sweeper,
     flow: FlowControl,
     /// Whether the server's preamble said it accepts request extensions (its time budget, its
-    /// trace context). Until that preamble arrives, requests go without.
+    /// trace context).
     peer_extensions: AtomicBool,
+    /// Whether the server's preamble was read: until then a request that has extensions to send
+    /// waits (on `preamble_event`), since it may not carry them unannounced (§4.4) and would
+    /// otherwise go without. A flag beside the event, because the event's own check takes a lock.
+    preamble_read: AtomicBool,
+    preamble_event: tokio_util::sync::CancellationToken,
     /// Whether requests carry their time budget (when the server accepts extensions).
     wants_deadlines: bool,
 }
@@ -199,6 +204,8 @@ impl StreamConn {
             sweeper: Sweeper::default(),
             flow: FlowControl::new(flow),
             peer_extensions: AtomicBool::new(false),
+            preamble_read: AtomicBool::new(false),
+            preamble_event: Default::default(),
             wants_deadlines: opts.send_deadlines,
         });
         let c = conn.clone();
@@ -306,17 +313,18 @@ impl StreamConn {
         // never started by the server: it answers everything it started before saying goodbye.
         let mut go_away: Option<String> = None;
         let mut refused = false;
+        // The preamble is read on its own, before any frame: calls that have extensions to
+        // send wait for it (`features`), and must not also wait for the server's first frame.
+        // It reads as an empty turn: a closed or broken stream ends the loop below.
+        let mut read = tokio::select! {
+            r = reader.preamble() => r,
+            _ = self.dead.cancelled() => return,
+        };
+        self.peer_extensions.store(reader.peer_features() & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
+        self.preamble_read.store(true, Ordering::Release);
+        self.preamble_event.cancel();
         let err = loop {
-            let read = tokio::select! {
-                r = reader.read_batch(&mut batch, usize::MAX, &self.counters) => r,
-                // Failed elsewhere (keepalive, writer): `fail` already ended every call.
-                _ = self.dead.cancelled() => return,
-            };
             self.reads.fetch_add(1, Ordering::Relaxed);
-            if !self.peer_extensions.load(Ordering::Relaxed) {
-                let features = reader.peer_features();
-                self.peer_extensions.store(features & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
-            }
             match read {
                 Ok(true) => {}
                 Ok(false) if refused => {
@@ -373,6 +381,11 @@ impl StreamConn {
             if !pings.is_empty() {
                 let _ = self.outbox.push(|fb| pings.iter().for_each(|&t| fb.pong(t)));
             }
+            read = tokio::select! {
+                r = reader.read_batch(&mut batch, usize::MAX, &self.counters) => r,
+                // Failed elsewhere (keepalive, writer): `fail` already ended every call.
+                _ = self.dead.cancelled() => return,
+            };
         };
         self.fail(err);
     }
@@ -461,6 +474,13 @@ impl StreamConn {
                 (admitted.map_err(|_| Error::Timeout(timeout))??, timeout.saturating_sub(t0.elapsed()))
             }
         };
+        let left = if self.preamble_read.load(Ordering::Acquire) || (trace.is_none() && !self.wants_deadlines)
+        {
+            left
+        } else {
+            // Boxed: its timer would otherwise enlarge every call's future.
+            Box::pin(self.features(left)).await.map_err(|()| Error::Timeout(timeout))?
+        };
         // The extensions are made where the request is written, not held across the wait:
         // a trace context there would enlarge every call's future.
         let sent_budget = self.sends_budget(left);
@@ -468,6 +488,23 @@ impl StreamConn {
             .send_and_wait(id, next_id, timeout, left, |fb, id| push(fb, id, &self.extensions(left, trace)))
             .await;
         outcome.map_err(|e| timed_out(e, sent_budget, timeout))
+    }
+
+    /// Waits up to `left` for the server's preamble, which says whether it accepts extensions;
+    /// returns what is left. It is sent on accept, so it is on its way when a new connection's
+    /// first calls are made; a connection that fails meanwhile fails the call right after.
+    #[cold]
+    async fn features(&self, left: Duration) -> Result<Duration, ()> {
+        if self.ended.get().is_some() {
+            return Ok(left);
+        }
+        let t0 = Instant::now();
+        tokio::select! {
+            _ = self.preamble_event.cancelled() => {}
+            _ = self.dead.cancelled() => {}
+            () = tokio::time::sleep(left) => return Err(()),
+        }
+        Ok(left.saturating_sub(t0.elapsed()))
     }
 
     /// Registers a waiter that gives up after `left` (reporting the call's `timeout`), queues

@@ -240,7 +240,7 @@ impl Client {
     ) -> Result<Resp, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
         match &*self.inner.connection().await? {
-            Conn::Local(server) => inproc::call(&**server, m, req, timeout).await,
+            Conn::Local(server) => inproc::call(&**server, m, req, timeout, trace).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, (timeout, trace)).await
@@ -263,7 +263,9 @@ impl Client {
         let traced = trace::call_span(service, method); // as in `call_with`
         let trace = traced.as_ref().map(|t| &t.parent);
         match &*self.inner.connection().await? {
-            Conn::Local(server) => inproc::call_raw(&**server, service, method, payload, timeout).await,
+            Conn::Local(server) => {
+                inproc::call_raw(&**server, service, method, payload, timeout, trace).await
+            }
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 let id = self.inner.next_id();

@@ -20,10 +20,12 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio_util::task::task_tracker::TaskTrackerToken;
+use tracing::Instrument;
 
 use crate::error::{Error, Status};
 use crate::method::Method;
-use crate::proto::Code;
+use crate::proto::{Code, TraceParent};
+use crate::trace;
 
 /// A call started on a local method: finished at once (the common case), or a future.
 pub(crate) enum Started<T> {
@@ -105,18 +107,20 @@ fn method<'s, Req: 'static, Resp: 'static>(
     })
 }
 
-/// Calls `m` on `server` with `req`, in the caller's task.
-pub(crate) async fn call<Req: 'static, Resp: 'static>(
+/// Calls `m` on `server` with `req`, in the caller's task; `trace`: the call's context, when
+/// its span is recorded.
+pub(crate) async fn call<Req: 'static, Resp: Send + 'static>(
     server: &dyn LocalServer,
     m: &Method<Req, Resp>,
     req: Req,
     timeout: Duration,
+    trace: Option<&TraceParent>,
 ) -> Result<Resp, Error> {
-    let m = method(server, m)?;
+    let (names, m) = ((m.service(), m.name()), method(server, m)?);
     if !server.is_open() {
         return Err(shutting_down());
     }
-    let result = match m.call(req) {
+    let result = match served(trace, names, || m.call(req)) {
         Started::Done(result) => done(result).await,
         Started::Waiting(fut) => wait(server, fut, timeout).await?,
     };
@@ -124,17 +128,18 @@ pub(crate) async fn call<Req: 'static, Resp: 'static>(
 }
 
 /// Calls `m` on `server` with a chunk of requests, handed to the handler as one batch.
-pub(crate) async fn call_chunk<Req: 'static, Resp: 'static>(
+pub(crate) async fn call_chunk<Req: 'static, Resp: Send + 'static>(
     server: &dyn LocalServer,
     m: &Method<Req, Resp>,
     reqs: Vec<Req>,
     timeout: Duration,
+    trace: Option<&TraceParent>,
 ) -> Result<Vec<Result<Resp, Error>>, Error> {
-    let m = method(server, m)?;
+    let (names, m) = ((m.service(), m.name()), method(server, m)?);
     if !server.is_open() {
         return Err(shutting_down());
     }
-    let results = match m.call_chunk(reqs) {
+    let results = match served(trace, names, || m.call_chunk(reqs)) {
         Started::Done(results) => done(results).await,
         Started::Waiting(fut) => wait(server, fut, timeout).await?,
     };
@@ -148,15 +153,37 @@ pub(crate) async fn call_raw(
     method: &str,
     payload: Bytes,
     timeout: Duration,
+    trace: Option<&TraceParent>,
 ) -> Result<Bytes, Error> {
     if !server.is_open() {
         return Err(shutting_down());
     }
-    let result = match server.call_raw(service, method, payload) {
+    let result = match served(trace, (service, method), || server.call_raw(service, method, payload)) {
         Started::Done(result) => done(result).await,
         Started::Waiting(fut) => wait(server, fut, timeout).await?,
     };
     result.map_err(Error::Remote)
+}
+
+/// Starts a call in the span that serves it, when the caller's span is recorded (`trace`):
+/// a handler that runs at once runs inside it, one that waits is instrumented with it, so
+/// either way the calls it makes are the span's children, as over a socket. (A batch handler's
+/// requests are queued and served together elsewhere: the span covers the wait.) Without a
+/// trace this is the bare call: no span is made and nothing is held across the wait.
+#[inline]
+fn served<T: Send + 'static>(
+    trace: Option<&TraceParent>,
+    (service, method): (&str, &str),
+    start: impl FnOnce() -> Started<T>,
+) -> Started<T> {
+    let Some(span) = trace.and_then(|tp| trace::serve_span(service.as_bytes(), method.as_bytes(), Some(*tp)))
+    else {
+        return start();
+    };
+    match span.in_scope(start) {
+        Started::Waiting(fut) => Started::Waiting(Box::pin(fut.instrument(span))),
+        done => done,
+    }
 }
 
 /// A call that finished at once: no timer, no bookkeeping. It still counts against tokio's
