@@ -24,9 +24,9 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def one_message_per_chunk(rids, payloads, bounds, ext=None) -> bytes:
+def one_message_per_chunk(rids, payloads, edges, ext=None) -> bytes:
     """The same chunks through the one-message encoder and ``frames``."""
-    messages = [proto.batch_request_message(r, 0, NAMES, payloads[s:e], ext) for r, (s, e) in zip(rids, bounds)]
+    messages = [proto.batch_request_message(r, 0, NAMES, payloads[s:e], ext) for r, s, e in zip(rids, edges, edges[1:])]
     return b"".join(proto.frames(messages))
 
 
@@ -43,16 +43,16 @@ def one_message_per_chunk(rids, payloads, bounds, ext=None) -> bytes:
 def test_batch_frames_are_the_bytes_of_one_message_per_chunk(payloads, per_chunk):
     sizes = set(map(len, payloads))
     size = next(iter(sizes)) if len(sizes) == 1 else None
-    bounds = [(i, min(i + per_chunk, len(payloads))) for i in range(0, len(payloads), per_chunk)]
-    rids = [7 << 32 | k for k in range(len(bounds))]
+    edges = [*range(0, len(payloads), per_chunk), len(payloads)]
+    rids = [7 << 32 | k for k in range(len(edges) - 1)]
     for ext in (None, proto.Extensions(deadline_micros=1_500_000)):
-        frames = list(proto.batch_request_frames(rids, 0, NAMES, payloads, bounds, size, ext))
-        assert b"".join(frames) == one_message_per_chunk(rids, payloads, bounds, ext)
+        frames = list(proto.batch_request_frames(rids, 0, NAMES, payloads, edges, size, ext))
+        assert b"".join(frames) == one_message_per_chunk(rids, payloads, edges, ext)
         for f in frames:  # each is one whole frame
             assert struct.unpack_from("<I", f)[0] == len(f) - 4
         decoder = Decoder()
         decoder.feed(b"".join(frames))
-        assert [m[6] for m in decoder.messages()] == [payloads[s:e] for s, e in bounds]
+        assert [m[6] for m in decoder.messages()] == [payloads[s:e] for s, e in zip(edges, edges[1:])]
 
 
 def general_loop(items: list[tuple]) -> list:
