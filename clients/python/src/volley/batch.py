@@ -89,8 +89,9 @@ def _sizes(payloads: list[bytes]) -> tuple[int | None, int]:
 def _edges(payloads: list[bytes], per_chunk: int, room: int, longest: int) -> list[int]:
     """Where each BatchRequest starts, then the end: at most ``per_chunk`` items and ``room``
     bytes each. Plain numbers rather than a pair per chunk: a batch keeps no container per
-    chunk alive, as those would set off the cyclic garbage collector in the middle of the
-    batch, and its pass over the batch's large lists costs more than the rest of the decoding."""
+    chunk alive, as some hundreds of them would set off the cyclic garbage collector in the
+    middle of the batch, and its pass over the batch's large lists (every item visited, far
+    apart in memory) cost about a fifth of the batch's CPU."""
     n = len(payloads)
     if per_chunk * (4 + longest) <= room:  # no chunk can be too large
         edges = list(range(0, n, per_chunk))
