@@ -7,7 +7,9 @@ and lengths are checked with ``map``, each chunk's items are joined at once
 a BatchReply whose items all succeeded is taken whole (the decoder counts the failed ones).
 Each chunk is a request with its own id (§7), but the connection's table holds the batch
 itself under every one of them, and the batch has one future and one deadline timer: the
-caller wakes once, when the last chunk has ended, rather than once per chunk.
+caller wakes once, when the last chunk has ended, rather than once per chunk. Nor does the
+batch keep any object per chunk alive while it runs, which would set off the cyclic garbage
+collector (see ``_edges``).
 """
 
 from __future__ import annotations
