@@ -158,9 +158,10 @@ def batch_request_frames(
     size: int | None,
     ext: Extensions | None = None,
 ) -> Iterator[bytes]:
-    """One BatchRequest per chunk ``payloads[edges[k]:edges[k + 1]]``, with its id ``rids[k]``, cut into frames as ``frames`` cuts them; yields each frame as it is made, so a
-    large batch is written while the rest is encoded, and no buffer holds all of it. ``size``:
-    the length of every payload, when they share one."""
+    """One BatchRequest per chunk ``payloads[edges[k]:edges[k + 1]]``, with its id ``rids[k]``,
+    cut into frames as ``frames`` cuts them; yields each frame as it is made, so a large batch
+    is written while the rest is encoded, and no buffer holds all of it. ``size``: the length
+    of every payload, when they share one."""
     pack = _U32.pack
     prefix = b"" if size is None else pack(size)
     head = _HEAD.pack
