@@ -200,12 +200,12 @@ class Client:
         prepared = batch.Prepared(method, list(requests), min(max(chunk, 1), MAX_BATCH_ITEMS))
         conn = await self._connection()
         await conn.writable()
-        rids = [self.sequence.next(conn.pending) for _ in prepared.bounds]
-        call = batch.BatchCall(conn, rids, prepared.bounds)
+        rids = [self.sequence.next(conn.pending) for _ in range(prepared.chunks)]
+        call = batch.BatchCall(conn, rids, prepared.edges)
         flags = proto.FLAG_IDEMPOTENT if idempotent else 0
         ext = self._extensions(conn, budget)
         frames = proto.batch_request_frames(
-            rids, flags, method.names, prepared.payloads, prepared.bounds, prepared.size, ext
+            rids, flags, method.names, prepared.payloads, prepared.edges, prepared.size, ext
         )
         await call.run(frames, deadline)
         return batch.results(method, prepared, call)

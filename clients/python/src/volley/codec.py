@@ -69,10 +69,13 @@ class _Raw(Codec):
     def decode(self, payload: bytes) -> bytes:
         return payload
 
-    # A batch of bytes passes as it is: the type check runs in C (``set(map(type, ...))``),
-    # which is most of what a batch of raw items costs to encode and decode otherwise.
+    # A batch of bytes passes as it is: the type check runs in C (the types listed and the
+    # ``bytes`` among them counted, quicker than a set of them), which is most of what a
+    # batch of raw items costs to encode and decode otherwise.
     def encode_many(self, values: list[Any]) -> list[bytes]:
-        return values if set(map(type, values)) <= {bytes} else list(map(self.encode, values))
+        if list(map(type, values)).count(bytes) == len(values):
+            return values
+        return list(map(self.encode, values))
 
     def decode_many(self, payloads: list[bytes]) -> list[bytes]:
         return payloads

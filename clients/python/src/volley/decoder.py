@@ -251,7 +251,8 @@ def _uniform_ok_items(b: bytes, pos: int, count: int, end: int) -> tuple[list[by
     """The items of a BatchReply whose items all succeeded with payloads of one size (the
     usual reply to a batch of numbers, ids or hashes), cut in C by ``struct``; or ``None``
     when the items are not all alike (then the general loop reads them). Returns the items
-    and where the message ends."""
+    and where the message ends. This runs once per chunk of a batch: it is kept to a few
+    operations, each over all the items at once."""
     if count == 0:
         return [], pos
     if pos + 5 > end or b[pos] != 0:
@@ -261,12 +262,19 @@ def _uniform_ok_items(b: bytes, pos: int, count: int, end: int) -> tuple[list[by
     stop = pos + count * stride
     if stop > end:
         return None
-    checks, pieces = _shape(n, count)
+    status, len0, len1, len2, len3, cut, pieces = _SHAPES.get(n << 17 | count) or _shape(n, count)
     # Every item's status byte and length equal the first's: each of the five header bytes,
     # taken at the stride, is one repeated byte.
-    for k in range(5):
-        if b[pos + k : stop : stride] != checks[k]:
-            return None
+    if (
+        b[pos:stop:stride] != status
+        or b[pos + 1 : stop : stride] != len0
+        or b[pos + 2 : stop : stride] != len1
+        or b[pos + 3 : stop : stride] != len2
+        or b[pos + 4 : stop : stride] != len3
+    ):
+        return None
+    if cut is not None:
+        return list(cut.unpack_from(b, pos)), stop
     items: list[bytes] = []
     for cut, at in pieces:
         items += cut.unpack_from(b, pos + at)
@@ -274,27 +282,26 @@ def _uniform_ok_items(b: bytes, pos: int, count: int, end: int) -> tuple[list[by
 
 
 # The shapes of uniform replies seen lately (a few: a client's batches mostly share one).
-_SHAPES: dict[int, tuple[list[bytes], list[tuple[struct.Struct, int]]]] = {}
+_SHAPES: dict[int, tuple] = {}
 # Items per struct: each compiled format stays small.
 _PIECE = 1024
 
 
-def _shape(n: int, count: int) -> tuple[list[bytes], list[tuple[struct.Struct, int]]]:
+def _shape(n: int, count: int) -> tuple:
     """For a reply of ``count`` successful items of ``n`` bytes: what each of the five bytes
-    before an item (status 0, length ``n``), taken at the stride, must read; and the structs
-    that cut the items (5 bytes skipped, ``n`` taken, repeated), each with its offset. The
-    struct slices in C, some five times faster than a slice per item in Python."""
-    key = n << 17 | count
-    shape = _SHAPES.get(key)
-    if shape is None:
-        if len(_SHAPES) >= 16:
-            _SHAPES.clear()
-        checks = [bytes([h]) * count for h in b"\x00" + struct.pack("<I", n)]
-        pieces = []
-        for at in range(0, count, _PIECE):
-            k = min(_PIECE, count - at)
-            pieces.append((struct.Struct(f"<{k * f'5x{n}s'}"), at * (5 + n)))
-        shape = _SHAPES[key] = (checks, pieces)
+    before an item (status 0, length ``n``), taken at the stride, must read; then the structs
+    that cut the items (5 bytes skipped, ``n`` taken, repeated): the one struct when a single
+    one cuts them all, else ``None`` and the structs, each with its offset. The struct slices
+    in C, some five times faster than a slice per item in Python."""
+    if len(_SHAPES) >= 16:
+        _SHAPES.clear()
+    checks = [bytes([h]) * count for h in b"\x00" + struct.pack("<I", n)]
+    pieces = []
+    for at in range(0, count, _PIECE):
+        k = min(_PIECE, count - at)
+        pieces.append((struct.Struct(f"<{k * f'5x{n}s'}"), at * (5 + n)))
+    whole = pieces[0][0] if len(pieces) == 1 else None
+    shape = _SHAPES[n << 17 | count] = (*checks, whole, pieces)
     return shape
 
 

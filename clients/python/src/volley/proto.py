@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 from typing import Iterator
 
 MAGIC = b"VLLY"
@@ -154,14 +154,14 @@ def batch_request_frames(
     flags: int,
     names: bytes,
     payloads: list[bytes],
-    bounds: list[tuple[int, int]],
+    edges: list[int],
     size: int | None,
     ext: Extensions | None = None,
 ) -> Iterator[bytes]:
-    """One BatchRequest per chunk ``payloads[start:end]`` of ``bounds``, with its id from
-    ``rids``, cut into frames as ``frames`` cuts them; yields each frame as it is made, so a
-    large batch is written while the rest is encoded, and no buffer holds all of it. ``size``:
-    the length of every payload, when they share one."""
+    """One BatchRequest per chunk ``payloads[edges[k]:edges[k + 1]]``, with its id ``rids[k]``,
+    cut into frames as ``frames`` cuts them; yields each frame as it is made, so a large batch
+    is written while the rest is encoded, and no buffer holds all of it. ``size``: the length
+    of every payload, when they share one."""
     pack = _U32.pack
     prefix = b"" if size is None else pack(size)
     head = _HEAD.pack
@@ -170,7 +170,7 @@ def batch_request_frames(
     fixed = _HEAD.size + len(tail) + 4
     parts: list[bytes] = [b""]  # the frame's length goes first, once it is known
     body = count = 0
-    for rid, (start, end) in zip(rids, bounds):
+    for rid, start, end in zip(rids, edges, islice(edges, 1, None)):
         chunk = payloads[start:end]
         if size is not None:
             # Items of one size (numbers, ids, hashes ...) share their length prefix: one join.
