@@ -35,3 +35,52 @@ async fn echo_every_size_on_every_transport() {
         server.shutdown().await;
     }
 }
+
+/// An inproc client remembers the methods it called (a slot per method, fewer slots than these
+/// methods): every one of many methods, called again and again, reaches its own handler.
+#[tokio::test]
+async fn many_inproc_methods_each_reach_their_own_handler() {
+    let methods: Vec<Method<u64, u64>> = (0..40)
+        .map(|i| Method::new("many", Box::leak(format!("m{i}").into_boxed_str())))
+        .collect();
+    let mut builder = Server::builder();
+    for (i, m) in methods.iter().enumerate() {
+        builder = builder.handle_fn(m, move |x: u64| Ok(x * 100 + i as u64));
+    }
+    let server = builder.build();
+    let addr = server.listen("inproc://roundtrip-many-methods").await.unwrap();
+    let client = Client::connect(&addr.to_string()).await.unwrap();
+    for round in 0..3u64 {
+        for (i, m) in methods.iter().enumerate() {
+            assert_eq!(client.call(m, round).await.unwrap(), round * 100 + i as u64, "{m:?}");
+        }
+    }
+    server.shutdown().await;
+}
+
+/// A call whose types differ from the handler's gets a clear error in process, whether or not
+/// the method was called (and remembered) with the right types before; the right types still work.
+#[tokio::test]
+async fn an_inproc_call_with_other_types_than_the_handlers_fails_clearly() {
+    const RIGHT: Method<u64, u64> = Method::new("typed", "double");
+    const WRONG: Method<String, String> = Method::new("typed", "double");
+    let server = Server::builder().handle_fn(&RIGHT, |x: u64| Ok(2 * x)).build();
+    let addr = server.listen("inproc://roundtrip-typed").await.unwrap();
+    for right_first in [false, true] {
+        let client = Client::connect(&addr.to_string()).await.unwrap();
+        if right_first {
+            assert_eq!(client.call(&RIGHT, 4).await.unwrap(), 8);
+        }
+        for _ in 0..2 {
+            match client.call(&WRONG, "x".to_string()).await {
+                Err(volley::Error::Remote(s)) => {
+                    assert_eq!(s.code, volley::Code::BadRequest);
+                    assert!(s.message.contains("other request/reply types"), "{s:?}");
+                }
+                other => panic!("expected a type error, got {other:?}"),
+            }
+        }
+        assert_eq!(client.call(&RIGHT, 5).await.unwrap(), 10);
+    }
+    server.shutdown().await;
+}

@@ -162,8 +162,8 @@ impl Client {
         let result = match self.inner.connection().await {
             Err(e) => Err(e),
             Ok(conn) => match &*conn {
-                Conn::Local(server) => {
-                    crate::transport::inproc::call_chunk(&**server, m, chunk, timeout, trace).await
+                Conn::Local(local) => {
+                    crate::transport::inproc::call_chunk(local, m, chunk, timeout, trace).await
                 }
                 Conn::Stream(c) => {
                     let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };

@@ -33,7 +33,7 @@ use crate::proto::{Limits, TraceParent};
 use crate::stats::{Counters, Snapshot};
 use crate::trace;
 use crate::transport::Address;
-use crate::transport::inproc::{self, LocalServer};
+use crate::transport::inproc::{self, LocalConn};
 use crate::transport::socket;
 use conn::StreamConn;
 
@@ -172,7 +172,7 @@ struct Inner {
 
 enum Conn {
     /// A server of this process: calls hand values over (no bytes).
-    Local(Arc<dyn LocalServer>),
+    Local(LocalConn),
     Stream(Arc<StreamConn>),
 }
 
@@ -240,7 +240,7 @@ impl Client {
     ) -> Result<Resp, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
         match &*self.inner.connection().await? {
-            Conn::Local(server) => inproc::call(&**server, m, req, timeout, trace).await,
+            Conn::Local(local) => inproc::call(local, m, req, timeout, trace).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, (timeout, trace)).await
@@ -263,8 +263,8 @@ impl Client {
         let traced = trace::call_span(service, method); // as in `call_with`
         let trace = traced.as_ref().map(|t| &t.parent);
         match &*self.inner.connection().await? {
-            Conn::Local(server) => {
-                inproc::call_raw(&**server, service, method, payload, timeout, trace).await
+            Conn::Local(local) => {
+                inproc::call_raw(&*local.server, service, method, payload, timeout, trace).await
             }
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
@@ -328,7 +328,7 @@ impl Client {
     pub(crate) async fn disconnected(&self) {
         let Some(conn) = self.inner.conn.load_full() else { return };
         match &*conn {
-            Conn::Local(server) => server.closed().await,
+            Conn::Local(local) => local.server.closed().await,
             Conn::Stream(c) => c.closed().await,
         }
     }
@@ -402,7 +402,7 @@ impl Inner {
         }
         let connect = async {
             if let Address::Inproc(name) = &self.addr {
-                return inproc::lookup(name).map(Conn::Local).ok_or_else(|| {
+                return inproc::connect(name).map(Conn::Local).ok_or_else(|| {
                     Error::Connection(format!("no inproc server is listening on {}", self.addr))
                 });
             }
@@ -421,7 +421,7 @@ impl Inner {
 impl Conn {
     fn is_alive(&self) -> bool {
         match self {
-            Conn::Local(server) => server.is_open(),
+            Conn::Local(local) => local.server.is_open(),
             Conn::Stream(c) => c.is_alive(),
         }
     }
