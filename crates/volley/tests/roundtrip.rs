@@ -40,9 +40,8 @@ async fn echo_every_size_on_every_transport() {
 /// methods): every one of many methods, called again and again, reaches its own handler.
 #[tokio::test]
 async fn many_inproc_methods_each_reach_their_own_handler() {
-    let methods: Vec<Method<u64, u64>> = (0..40)
-        .map(|i| Method::new("many", Box::leak(format!("m{i}").into_boxed_str())))
-        .collect();
+    let methods: Vec<Method<u64, u64>> =
+        (0..40).map(|i| Method::new("many", Box::leak(format!("m{i}").into_boxed_str()))).collect();
     let mut builder = Server::builder();
     for (i, m) in methods.iter().enumerate() {
         builder = builder.handle_fn(m, move |x: u64| Ok(x * 100 + i as u64));

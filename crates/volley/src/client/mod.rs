@@ -172,7 +172,7 @@ struct Inner {
 
 enum Conn {
     /// A server of this process: calls hand values over (no bytes).
-    Local(LocalConn),
+    Local(Box<LocalConn>),
     Stream(Arc<StreamConn>),
 }
 
@@ -402,7 +402,7 @@ impl Inner {
         }
         let connect = async {
             if let Address::Inproc(name) = &self.addr {
-                return inproc::connect(name).map(Conn::Local).ok_or_else(|| {
+                return inproc::connect(name).map(|c| Conn::Local(Box::new(c))).ok_or_else(|| {
                     Error::Connection(format!("no inproc server is listening on {}", self.addr))
                 });
             }
