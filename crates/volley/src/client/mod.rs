@@ -13,6 +13,7 @@
 
 mod batch;
 mod conn;
+mod id_table;
 mod pending;
 
 pub use batch::{BatchOptions, BatchStream};
