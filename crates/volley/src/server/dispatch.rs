@@ -158,7 +158,8 @@ impl Dispatch {
     ) -> Result<(), ProtocolError> {
         out.set_limits(c.shared.config.limits);
         let violation = self.dispatch(c, batch, out);
-        if c.outbox.push(|fb| fb.append_from(out)).is_err() {
+        // A turn's replies are one bundle already: written at once when the socket is free.
+        if c.outbox.push_and_write(&c.shared.counters, |fb| fb.append_from(out)).is_err() {
             // The connection is going away; what the turn wrote goes nowhere.
             out.take_frames();
         }
