@@ -39,6 +39,9 @@ pub struct Outbox {
     /// Bytes written to the socket so far: a connection closing tells a peer that reads
     /// slowly from one that reads nothing.
     written: AtomicU64,
+    /// Direct writes made, for tests to check they exercised the path.
+    #[cfg(test)]
+    direct: AtomicU64,
 }
 
 struct State {
@@ -104,6 +107,8 @@ impl Outbox {
             }),
             drained: tokio::sync::Notify::new(),
             written: AtomicU64::new(0),
+            #[cfg(test)]
+            direct: AtomicU64::new(0),
         }
     }
 
@@ -159,6 +164,8 @@ impl Outbox {
         counters.sent(frames, messages, bytes);
         // An error is left to the writer task too: its write meets it again and ends the
         // connection the one way it always does.
+        #[cfg(test)]
+        self.direct.fetch_add(1, Ordering::Relaxed);
         if let Ok(n) = try_write_segments(sink.as_mut(), &segs) {
             self.written.fetch_add(n as u64, Ordering::Relaxed);
             consume(&mut segs, n);
@@ -210,7 +217,7 @@ impl Outbox {
         }
     }
 
-    /// Bytes the writer has written so far.
+    /// Bytes written to the stream so far (by the writer task and by direct writes).
     pub fn bytes_written(&self) -> u64 {
         self.written.load(Ordering::Relaxed)
     }
@@ -231,9 +238,10 @@ impl Outbox {
     }
 
     /// Takes the write half, and moves everything queued into `out` (what a direct write left
-    /// first), returning the frames and messages taken. Once closed and drained, the write half
-    /// comes alone, to be shut down.
-    fn take(&self, out: &mut Vec<Bytes>) -> (Box<dyn WriteHalf>, Option<(u64, u64)>) {
+    /// first), returning the frames, messages and bytes to count as sent (what a direct write
+    /// left was counted by it). Once closed and drained, the write half comes alone, to be shut
+    /// down.
+    fn take(&self, out: &mut Vec<Bytes>) -> (Box<dyn WriteHalf>, Option<(u64, u64, u64)>) {
         let mut st = self.state.lock();
         // Free: `poll_queued` saw it so, with something queued or the outbox closed, and a
         // producer writes directly only into an open outbox with nothing queued (and only this
@@ -243,8 +251,11 @@ impl Outbox {
             return (sink, None);
         }
         out.append(&mut st.carry);
+        let counted = out.len();
         st.builder.take_into(out);
-        (sink, Some(st.unreported()))
+        let bytes = out[counted..].iter().map(Bytes::len).sum::<usize>() as u64;
+        let (frames, messages) = st.unreported();
+        (sink, Some((frames, messages, bytes)))
     }
 
     /// The writer task: sends the preamble (if asked), then drains the outbox into `wr` until
@@ -285,12 +296,10 @@ impl Outbox {
                 tokio::task::yield_now().await;
             }
             let (mut wr, taken) = self.take(&mut segs);
-            let Some((frames, messages)) = taken else { return wr.shutdown().await };
-            let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
+            let Some((frames, messages, bytes)) = taken else { return wr.shutdown().await };
             // Counted when handed to the socket, not after the write returns: the peer may
             // answer before this task runs again, and a reply must never be seen before the
-            // request it answers is counted. (What a direct write left was counted by it.) A
-            // failed write ends the connection anyway.
+            // request it answers is counted. A failed write ends the connection anyway.
             counters.sent(frames, messages, bytes);
             write_segments(&mut wr, &mut segs, &self.written).await?;
             self.state.lock().sink = Some(wr);
@@ -390,3 +399,7 @@ pub(crate) fn lifo_runtime() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread)
 }
+
+#[cfg(test)]
+#[path = "outbox_tests.rs"]
+mod tests;

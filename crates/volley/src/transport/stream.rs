@@ -63,7 +63,11 @@ impl WriteHalf for tcp::OwnedWriteHalf {
         true
     }
     fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        tcp::OwnedWriteHalf::try_write_vectored(self, bufs)
+        match bufs {
+            // `send` costs the kernel less than a `writev` of one slice.
+            [one] => tcp::OwnedWriteHalf::try_write(self, one),
+            _ => tcp::OwnedWriteHalf::try_write_vectored(self, bufs),
+        }
     }
 }
 
@@ -72,7 +76,11 @@ impl WriteHalf for unix::OwnedWriteHalf {
         true
     }
     fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        unix::OwnedWriteHalf::try_write_vectored(self, bufs)
+        match bufs {
+            // `send` costs the kernel less than a `writev` of one slice.
+            [one] => unix::OwnedWriteHalf::try_write(self, one),
+            _ => unix::OwnedWriteHalf::try_write_vectored(self, bufs),
+        }
     }
 }
 
