@@ -27,6 +27,9 @@ use super::stream::WriteHalf;
 use crate::proto::{FrameBuilder, Limits, PREAMBLE};
 use crate::stats::Counters;
 
+/// The write half of the stream, whatever its kind.
+type Sink = Box<dyn WriteHalf>;
+
 /// Most segments handed to one `writev`.
 const MAX_IOV: usize = 64;
 
@@ -53,7 +56,7 @@ struct State {
     /// The write half between writes: whoever writes takes it out (the writer task, or a
     /// producer writing directly) and puts it back, so one write runs at a time. `None` before
     /// the writer task has sent the preamble, and while a write is in progress.
-    sink: Option<Box<dyn WriteHalf>>,
+    sink: Option<Sink>,
     /// What a direct write left unwritten: it goes before everything in `builder`.
     carry: Vec<Bytes>,
     /// The writer task has ended: a write half given back is dropped (which ends the stream's
@@ -176,7 +179,7 @@ impl Outbox {
 
     /// Returns the write half after a direct write, with what it left unwritten, and wakes the
     /// writer task if it has something to do.
-    fn give_back(&self, sink: Box<dyn WriteHalf>, carry: Vec<Bytes>) {
+    fn give_back(&self, sink: Sink, carry: Vec<Bytes>) {
         let mut st = self.state.lock();
         st.carry = carry;
         let dropped = if st.writer_gone { Some(sink) } else { st.sink.replace(sink) };
@@ -241,7 +244,7 @@ impl Outbox {
     /// first), returning the frames, messages and bytes to count as sent (what a direct write
     /// left was counted by it). Once closed and drained, the write half comes alone, to be shut
     /// down.
-    fn take(&self, out: &mut Vec<Bytes>) -> (Box<dyn WriteHalf>, Option<(u64, u64, u64)>) {
+    fn take(&self, out: &mut Vec<Bytes>) -> (Sink, Option<(u64, u64, u64)>) {
         let mut st = self.state.lock();
         // Free: `poll_queued` saw it so, with something queued or the outbox closed, and a
         // producer writes directly only into an open outbox with nothing queued (and only this
@@ -273,12 +276,7 @@ impl Outbox {
         self.drain_into(Box::new(wr), counters, send_preamble).await
     }
 
-    async fn drain_into(
-        &self,
-        mut wr: Box<dyn WriteHalf>,
-        counters: &Counters,
-        send_preamble: bool,
-    ) -> io::Result<()> {
+    async fn drain_into(&self, mut wr: Sink, counters: &Counters, send_preamble: bool) -> io::Result<()> {
         if send_preamble {
             wr.write_all(&PREAMBLE).await?;
         }
@@ -326,11 +324,7 @@ impl Drop for WriterGone<'_> {
 
 /// Writes all segments, vectored when there are several, adding what each write took to
 /// `written`.
-async fn write_segments(
-    wr: &mut Box<dyn WriteHalf>,
-    segs: &mut Vec<Bytes>,
-    written: &AtomicU64,
-) -> io::Result<()> {
+async fn write_segments(wr: &mut Sink, segs: &mut Vec<Bytes>, written: &AtomicU64) -> io::Result<()> {
     while !segs.is_empty() {
         let n = if segs.len() == 1 {
             wr.write(&segs[0]).await?
