@@ -123,6 +123,12 @@ impl FlowControl {
         Ok(())
     }
 
+    /// Whether no request is unanswered (bytes are held from a request's queueing to its
+    /// call's end, and every request has some).
+    fn idle(&self) -> bool {
+        self.bytes.load(Ordering::Relaxed) == 0
+    }
+
     /// Waits until `n` more items and some bytes may be in flight.
     async fn admit(&self, n: usize) -> Result<SemaphorePermit<'_>, Error> {
         self.check(n)?;
@@ -523,10 +529,17 @@ impl StreamConn {
         if wake_sweeper {
             self.sweeper.wake.notify_one();
         }
-        let pushed = self.outbox.push(|fb| {
+        let append = |fb: &mut FrameBuilder| {
             let before = fb.queued_len();
             push(fb, id).map(|()| fb.queued_len().saturating_sub(before))
-        });
+        };
+        // The only call in flight writes its request itself; with others in flight the writer
+        // task bundles them.
+        let pushed = if self.flow.idle() {
+            self.outbox.push_and_write(&self.counters, append)
+        } else {
+            self.outbox.push(append)
+        };
         let size = match pushed {
             Ok(Ok(size)) => size,
             Ok(Err(e)) => {

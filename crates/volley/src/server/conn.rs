@@ -167,7 +167,8 @@ async fn serve(
                         Err(why) => break End::Unauthenticated(why),
                     }
                 }
-                let conn = Conn { shared: &shared, outbox: &outbox, inflight: &inflight };
+                let write_now = !reader.mid_frame();
+                let conn = Conn { shared: &shared, outbox: &outbox, inflight: &inflight, write_now };
                 if let Err(e) = dispatch.run(&conn, &mut batch) {
                     break End::Protocol(e);
                 }

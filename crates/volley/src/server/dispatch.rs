@@ -48,6 +48,9 @@ pub(super) struct Conn<'c> {
     pub outbox: &'c Arc<Outbox>,
     /// Handler tasks of this connection (it closes only after their replies are queued).
     pub inflight: &'c TaskTracker,
+    /// Whether the turn's replies may be written at once by this task (the read ended at a
+    /// frame boundary: nothing more of the peer's bundle is on its way).
+    pub write_now: bool,
 }
 
 /// A connection's scratch for its turns, reused from turn to turn.
@@ -158,7 +161,15 @@ impl Dispatch {
     ) -> Result<(), ProtocolError> {
         out.set_limits(c.shared.config.limits);
         let violation = self.dispatch(c, batch, out);
-        if c.outbox.push(|fb| fb.append_from(out)).is_err() {
+        // A turn's replies are one bundle already: written at once when the socket is free,
+        // unless more requests are arriving, whose replies the writer task can send with these.
+        let append = |fb: &mut FrameBuilder| fb.append_from(out);
+        let pushed = if c.write_now {
+            c.outbox.push_and_write(&c.shared.counters, append)
+        } else {
+            c.outbox.push(append)
+        };
+        if pushed.is_err() {
             // The connection is going away; what the turn wrote goes nowhere.
             out.take_frames();
         }

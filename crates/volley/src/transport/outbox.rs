@@ -6,6 +6,14 @@
 //! appending, and the next write carries all of that. A lone message leaves at once; under load
 //! bundles grow by themselves, and the number of frames and syscalls falls far below the
 //! number of messages.
+//!
+//! A producer that knows it is alone (a client's only call in flight, a server's whole turn)
+//! may also write itself ([`Outbox::push_and_write`]): when nothing is queued and no write is in
+//! progress, its bytes go to the socket from its own task, without the hop through the writer
+//! task (a wake-up and a poll, the larger part of what a lone call paid beyond a bare
+//! ping-pong). Whoever writes holds the write half, taken out of the outbox's state under its
+//! lock, so one write runs at a time and the stream's order is the order of the appends; what
+//! a direct write leaves unwritten goes to the writer task, ahead of anything queued since.
 
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,10 +21,14 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes};
 use parking_lot::Mutex;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
+use super::stream::WriteHalf;
 use crate::proto::{FrameBuilder, Limits, PREAMBLE};
 use crate::stats::Counters;
+
+/// The write half of the stream, whatever its kind.
+type Sink = Box<dyn WriteHalf>;
 
 /// Most segments handed to one `writev`.
 const MAX_IOV: usize = 64;
@@ -30,15 +42,54 @@ pub struct Outbox {
     /// Bytes written to the socket so far: a connection closing tells a peer that reads
     /// slowly from one that reads nothing.
     written: AtomicU64,
+    /// Direct writes made, for tests to check they exercised the path.
+    #[cfg(test)]
+    direct: AtomicU64,
 }
 
-#[derive(Debug)]
 struct State {
     builder: FrameBuilder,
     writer: Option<Waker>,
     closed: bool,
     /// Frame and message counts already reported to the counters.
     reported: (u64, u64),
+    /// The write half between writes: whoever writes takes it out (the writer task, or a
+    /// producer writing directly) and puts it back, so one write runs at a time. `None` before
+    /// the writer task has sent the preamble, and while a write is in progress.
+    sink: Option<Sink>,
+    /// What a direct write left unwritten: it goes before everything in `builder`.
+    carry: Vec<Bytes>,
+    /// The writer task has ended: a write half given back is dropped (which ends the stream's
+    /// write side), not kept.
+    writer_gone: bool,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("queued", &self.queued_len())
+            .field("closed", &self.closed)
+            .field("writing", &self.sink.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl State {
+    fn is_empty(&self) -> bool {
+        self.carry.is_empty() && self.builder.is_empty()
+    }
+
+    fn queued_len(&self) -> usize {
+        self.carry.iter().map(Bytes::len).sum::<usize>() + self.builder.queued_len()
+    }
+
+    /// Frames and messages appended since the last call, to be reported as sent.
+    fn unreported(&mut self) -> (u64, u64) {
+        let (frames, messages) = self.builder.counts();
+        let delta = (frames - self.reported.0, messages - self.reported.1);
+        self.reported = (frames, messages);
+        delta
+    }
 }
 
 /// The outbox was closed: the connection is going away.
@@ -53,9 +104,14 @@ impl Outbox {
                 writer: None,
                 closed: false,
                 reported: (0, 0),
+                sink: None,
+                carry: Vec::new(),
+                writer_gone: false,
             }),
             drained: tokio::sync::Notify::new(),
             written: AtomicU64::new(0),
+            #[cfg(test)]
+            direct: AtomicU64::new(0),
         }
     }
 
@@ -75,6 +131,70 @@ impl Outbox {
         Ok(r)
     }
 
+    /// Appends messages with `f` like [`push`](Self::push), and if nothing else is queued and
+    /// no write is in progress, writes them to the stream at once from this task (a stream
+    /// that cannot write without waiting leaves them to the writer task, as does a full
+    /// socket; whatever does not go at once is left to it too). For a producer that knows it
+    /// is alone: under load the writer task's bundles are what keeps syscalls few, and a
+    /// producer that wrote its own message would take that away from the ones behind it.
+    pub fn push_and_write<R>(
+        &self,
+        counters: &Counters,
+        f: impl FnOnce(&mut FrameBuilder) -> R,
+    ) -> Result<R, Closed> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(Closed);
+        }
+        let idle = st.is_empty() && st.sink.as_ref().is_some_and(|s| s.try_writes());
+        let r = f(&mut st.builder);
+        if !idle || st.builder.is_empty() {
+            let wake = if st.builder.is_empty() { None } else { st.writer.take() };
+            drop(st);
+            if let Some(w) = wake {
+                w.wake();
+            }
+            return Ok(r);
+        }
+        let mut sink = st.sink.take().expect("checked above");
+        // The carry is empty here: its vector (and its capacity) holds the segments.
+        let mut segs = std::mem::take(&mut st.carry);
+        st.builder.take_into(&mut segs);
+        let (frames, messages) = st.unreported();
+        drop(st);
+        let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
+        // Counted before the write, as the writer task does (see `drain_into`).
+        counters.sent(frames, messages, bytes);
+        // An error is left to the writer task too: its write meets it again and ends the
+        // connection the one way it always does.
+        #[cfg(test)]
+        self.direct.fetch_add(1, Ordering::Relaxed);
+        if let Ok(n) = try_write_segments(sink.as_mut(), &segs) {
+            self.written.fetch_add(n as u64, Ordering::Relaxed);
+            consume(&mut segs, n);
+        }
+        self.give_back(sink, segs);
+        Ok(r)
+    }
+
+    /// Returns the write half after a direct write, with what it left unwritten, and wakes the
+    /// writer task if it has something to do.
+    fn give_back(&self, sink: Sink, carry: Vec<Bytes>) {
+        let mut st = self.state.lock();
+        st.carry = carry;
+        let dropped = if st.writer_gone { Some(sink) } else { st.sink.replace(sink) };
+        let wake = if !st.is_empty() || st.closed { st.writer.take() } else { None };
+        if st.is_empty() {
+            // As when the writer goes idle: an idle connection holds no send buffer.
+            st.builder.release_buffer();
+        }
+        drop(st);
+        drop(dropped);
+        if let Some(w) = wake {
+            w.wake();
+        }
+    }
+
     /// Stops accepting messages. What is already queued is still written.
     pub fn close(&self) {
         let mut st = self.state.lock();
@@ -92,7 +212,7 @@ impl Outbox {
             let drained = self.drained.notified();
             {
                 let st = self.state.lock();
-                if st.closed || st.builder.queued_len() < limit {
+                if st.closed || st.queued_len() < limit {
                     return;
                 }
             }
@@ -100,62 +220,68 @@ impl Outbox {
         }
     }
 
-    /// Bytes the writer has written so far.
+    /// Bytes written to the stream so far (by the writer task and by direct writes).
     pub fn bytes_written(&self) -> u64 {
         self.written.load(Ordering::Relaxed)
     }
 
-    /// Ready once something is queued or the outbox is closed.
+    /// Ready once something is queued or the outbox is closed, and the write half is free (a
+    /// direct write is not in progress).
     fn poll_queued(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut st = self.state.lock();
-        if !st.builder.is_empty() || st.closed {
-            return Poll::Ready(());
+        if st.sink.is_some() {
+            if !st.is_empty() || st.closed {
+                return Poll::Ready(());
+            }
+            // Idle: the send buffer goes back to the pool.
+            st.builder.release_buffer();
         }
-        // Idle: the send buffer goes back to the pool.
-        st.builder.release_buffer();
         st.writer = Some(cx.waker().clone());
         Poll::Pending
     }
 
-    /// Moves everything queued into `out` and returns the frames and messages taken; `None`
-    /// once closed and drained.
-    fn take(&self, out: &mut Vec<Bytes>) -> Option<(u64, u64)> {
+    /// Takes the write half, and moves everything queued into `out` (what a direct write left
+    /// first), returning the frames, messages and bytes to count as sent (what a direct write
+    /// left was counted by it). Once closed and drained, the write half comes alone, to be shut
+    /// down.
+    fn take(&self, out: &mut Vec<Bytes>) -> (Sink, Option<(u64, u64, u64)>) {
         let mut st = self.state.lock();
-        if st.builder.is_empty() {
-            return None;
+        // Free: `poll_queued` saw it so, with something queued or the outbox closed, and a
+        // producer writes directly only into an open outbox with nothing queued (and only this
+        // task takes what is queued).
+        let sink = st.sink.take().expect("the write half is free when the writer is ready");
+        if st.is_empty() {
+            return (sink, None);
         }
+        out.append(&mut st.carry);
+        let counted = out.len();
         st.builder.take_into(out);
-        let (frames, messages) = st.builder.counts();
-        let delta = (frames - st.reported.0, messages - st.reported.1);
-        st.reported = (frames, messages);
-        Some(delta)
+        let bytes = out[counted..].iter().map(Bytes::len).sum::<usize>() as u64;
+        let (frames, messages) = st.unreported();
+        (sink, Some((frames, messages, bytes)))
     }
 
     /// The writer task: sends the preamble (if asked), then drains the outbox into `wr` until
     /// the outbox is closed and empty, then shuts the write side down.
-    pub async fn write_loop<W: AsyncWrite + Unpin>(
+    pub async fn write_loop(
         &self,
-        mut wr: W,
+        wr: impl WriteHalf,
         counters: &Counters,
         send_preamble: bool,
     ) -> io::Result<()> {
-        let result = self.drain_into(&mut wr, counters, send_preamble).await;
-        // Whatever ended the loop, nothing more will be written: refuse further messages and
-        // release anyone waiting for the queue to drain.
-        self.close();
-        self.drained.notify_waiters();
-        result
+        // Whatever ends the loop (its end, an error, or the task dropped), nothing more will be
+        // written: the guard refuses further messages, drops the write half, and releases
+        // anyone waiting for the queue to drain.
+        let _gone = WriterGone(self);
+        self.drain_into(Box::new(wr), counters, send_preamble).await
     }
 
-    async fn drain_into<W: AsyncWrite + Unpin>(
-        &self,
-        wr: &mut W,
-        counters: &Counters,
-        send_preamble: bool,
-    ) -> io::Result<()> {
+    async fn drain_into(&self, mut wr: Sink, counters: &Counters, send_preamble: bool) -> io::Result<()> {
         if send_preamble {
             wr.write_all(&PREAMBLE).await?;
         }
+        // From here on, producers may write directly too.
+        self.state.lock().sink = Some(wr);
         let mut segs = Vec::new();
         let yield_first = lifo_runtime();
         loop {
@@ -167,56 +293,84 @@ impl Outbox {
                 // per write.
                 tokio::task::yield_now().await;
             }
-            let Some((frames, messages)) = self.take(&mut segs) else { break };
-            let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
+            let (mut wr, taken) = self.take(&mut segs);
+            let Some((frames, messages, bytes)) = taken else { return wr.shutdown().await };
             // Counted when handed to the socket, not after the write returns: the peer may
             // answer before this task runs again, and a reply must never be seen before the
             // request it answers is counted. A failed write ends the connection anyway.
             counters.sent(frames, messages, bytes);
-            write_segments(wr, &mut segs, &self.written).await?;
+            write_segments(&mut wr, &mut segs, &self.written).await?;
+            self.state.lock().sink = Some(wr);
             self.drained.notify_waiters();
         }
-        wr.shutdown().await
+    }
+}
+
+/// Ends the outbox when the writer task ends (see [`Outbox::write_loop`]).
+struct WriterGone<'a>(&'a Outbox);
+
+impl Drop for WriterGone<'_> {
+    fn drop(&mut self) {
+        let sink = {
+            let mut st = self.0.state.lock();
+            st.writer_gone = true;
+            st.sink.take()
+        };
+        drop(sink);
+        self.0.close();
+        self.0.drained.notify_waiters();
     }
 }
 
 /// Writes all segments, vectored when there are several, adding what each write took to
 /// `written`.
-async fn write_segments<W: AsyncWrite + Unpin>(
-    wr: &mut W,
-    segs: &mut Vec<Bytes>,
-    written: &AtomicU64,
-) -> io::Result<()> {
-    let mut first = 0;
-    while first < segs.len() {
-        let n = if segs.len() - first == 1 {
-            wr.write(&segs[first]).await?
+async fn write_segments(wr: &mut Sink, segs: &mut Vec<Bytes>, written: &AtomicU64) -> io::Result<()> {
+    while !segs.is_empty() {
+        let n = if segs.len() == 1 {
+            wr.write(&segs[0]).await?
         } else {
             let mut iov = [IoSlice::new(&[]); MAX_IOV];
-            let count = (segs.len() - first).min(MAX_IOV);
-            for (slot, seg) in iov.iter_mut().zip(&segs[first..first + count]) {
-                *slot = IoSlice::new(seg);
-            }
-            wr.write_vectored(&iov[..count]).await?
+            wr.write_vectored(slices(segs, &mut iov)).await?
         };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         written.fetch_add(n as u64, Ordering::Relaxed);
-        let mut n = n;
-        while n > 0 {
-            let len = segs[first].len();
-            if n >= len {
-                n -= len;
-                first += 1;
-            } else {
-                segs[first].advance(n);
-                n = 0;
-            }
-        }
+        consume(segs, n);
     }
-    segs.clear();
     Ok(())
+}
+
+/// One write of the segments that does not wait: what the stream took at once.
+fn try_write_segments(wr: &mut dyn WriteHalf, segs: &[Bytes]) -> io::Result<usize> {
+    let mut iov = [IoSlice::new(&[]); MAX_IOV];
+    wr.try_write_vectored(slices(segs, &mut iov))
+}
+
+/// The first segments (at most `MAX_IOV`) as the slices of one vectored write.
+fn slices<'a>(segs: &'a [Bytes], iov: &'a mut [IoSlice<'a>; MAX_IOV]) -> &'a [IoSlice<'a>] {
+    let count = segs.len().min(MAX_IOV);
+    for (slot, seg) in iov.iter_mut().zip(&segs[..count]) {
+        *slot = IoSlice::new(seg);
+    }
+    &iov[..count]
+}
+
+/// Drops the first `n` bytes of the segments: the ones written whole, and the front of a
+/// segment written in part.
+fn consume(segs: &mut Vec<Bytes>, mut n: usize) {
+    let whole = segs.iter().take_while(|s| {
+        let done = n >= s.len();
+        if done {
+            n -= s.len();
+        }
+        done
+    });
+    let whole = whole.count();
+    segs.drain(..whole);
+    if n > 0 {
+        segs[0].advance(n);
+    }
 }
 
 /// Waits for `poll` to be ready; returns whether it had to wait (was pending at least once).
@@ -239,3 +393,7 @@ pub(crate) fn lifo_runtime() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread)
 }
+
+#[cfg(test)]
+#[path = "outbox_tests.rs"]
+mod tests;

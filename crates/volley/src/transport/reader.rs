@@ -100,6 +100,12 @@ impl<R: ReadHalf> FrameReader<R> {
         self
     }
 
+    /// Whether bytes read are still waiting to be decoded: part of a frame (its rest is on its
+    /// way), or whole frames past the last batch's bound.
+    pub fn mid_frame(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
     /// The features the peer's preamble announced (0 until it arrived).
     pub fn peer_features(&self) -> u8 {
         self.decoder.peer_features()

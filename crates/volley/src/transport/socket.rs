@@ -12,7 +12,7 @@ use tokio::io::AsyncWrite;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use super::Address;
-use super::stream::{ByteStream, ReadHalf};
+use super::stream::{ByteStream, ReadHalf, WriteHalf};
 use crate::Error;
 
 /// A connected byte stream: unix, tcp, TLS over tcp, or shared memory. (A TLS session is large,
@@ -100,6 +100,16 @@ impl ReadHalf for StreamRead {
 
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         each!(self, r => r.try_read_buf(buf))
+    }
+}
+
+impl WriteHalf for StreamWrite {
+    fn try_writes(&self) -> bool {
+        each!(self, w => w.try_writes())
+    }
+
+    fn try_write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        each!(self, w => w.try_write_vectored(bufs))
     }
 }
 

@@ -3,7 +3,7 @@
 //! `socket.rs`).
 
 use std::future::Future;
-use std::io;
+use std::io::{self, IoSlice};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWrite;
@@ -15,10 +15,26 @@ pub trait ReadHalf: Send + Sync + Unpin + 'static {
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
 }
 
+/// The write half of a byte stream: written by the connection's writer task, and, where the
+/// stream allows it, directly by a task that finds the outbox idle (`transport/outbox.rs`).
+pub trait WriteHalf: AsyncWrite + Send + Unpin + 'static {
+    /// Whether [`try_write_vectored`](Self::try_write_vectored) can write at all.
+    fn try_writes(&self) -> bool {
+        false
+    }
+
+    /// Writes what the stream takes at once, without waiting: `WouldBlock` when it takes
+    /// nothing now. A stream whose writes may leave bytes behind that only a later poll sends
+    /// (TLS: the session's buffered records) keeps the default, which writes nothing.
+    fn try_write_vectored(&mut self, _bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+}
+
 /// A connected byte stream that splits into independently owned halves.
 pub trait ByteStream: Send + 'static {
     type Read: ReadHalf;
-    type Write: AsyncWrite + Send + Unpin + 'static;
+    type Write: WriteHalf;
     fn into_halves(self) -> (Self::Read, Self::Write);
     /// The peer's address, for logs.
     fn peer(&self) -> String;
@@ -39,6 +55,32 @@ impl ReadHalf for unix::OwnedReadHalf {
     }
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         unix::OwnedReadHalf::try_read_buf(self, buf)
+    }
+}
+
+impl WriteHalf for tcp::OwnedWriteHalf {
+    fn try_writes(&self) -> bool {
+        true
+    }
+    fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match bufs {
+            // `send` costs the kernel less than a `writev` of one slice.
+            [one] => tcp::OwnedWriteHalf::try_write(self, one),
+            _ => tcp::OwnedWriteHalf::try_write_vectored(self, bufs),
+        }
+    }
+}
+
+impl WriteHalf for unix::OwnedWriteHalf {
+    fn try_writes(&self) -> bool {
+        true
+    }
+    fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match bufs {
+            // `send` costs the kernel less than a `writev` of one slice.
+            [one] => unix::OwnedWriteHalf::try_write(self, one),
+            _ => unix::OwnedWriteHalf::try_write_vectored(self, bufs),
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use super::stream::{ByteStream, ReadHalf};
+use super::stream::{ByteStream, ReadHalf, WriteHalf};
 use crate::Error;
 
 /// How much plaintext one staged read takes (a TLS record holds at most 16 KiB).
@@ -262,6 +262,10 @@ impl ReadHalf for TlsReadHalf {
         Err(io::ErrorKind::WouldBlock.into())
     }
 }
+
+/// Written by the writer task only: a write into the session may leave records in it that
+/// only a later poll sends, and a write from any other task would have nobody to make that poll.
+impl WriteHalf for tokio::io::WriteHalf<tokio_rustls::TlsStream<TcpStream>> {}
 
 impl ByteStream for TlsStream {
     type Read = TlsReadHalf;

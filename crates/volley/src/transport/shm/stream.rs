@@ -22,7 +22,7 @@ use super::ring::{RingAt, RingReader, RingWriter};
 use super::spin::Spin;
 use super::sys::{self, Region};
 use crate::proto::ProtocolError;
-use crate::transport::stream::{ByteStream, ReadHalf};
+use crate::transport::stream::{ByteStream, ReadHalf, WriteHalf};
 
 /// Most bytes one read takes when the reader offers no room of its own.
 const READ_CHUNK: usize = 64 * 1024;
@@ -294,24 +294,15 @@ impl AsyncWrite for ShmWrite {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let region = &this.link.region;
         if bufs.iter().all(|b| b.is_empty()) {
             return Poll::Ready(Ok(0));
         }
         loop {
-            if let Some(e) = this.link.ended() {
-                return Poll::Ready(Err(e));
+            if let Some(n) = this.write_now(bufs)? {
+                return Poll::Ready(Ok(n));
             }
-            let room = this.ring.room(region).map_err(ring_error)?;
-            if room > 0 {
-                let written = this.ring.write(region, bufs, room);
-                if written.wake_reader {
-                    signal(&this.link.peer_bytes_ready);
-                }
-                return Poll::Ready(Ok(written.n));
-            }
-            this.ring.announce_wait(region);
-            if this.ring.room(region).map_err(ring_error)? > 0 {
+            this.ring.announce_wait(&this.link.region);
+            if this.ring.room(&this.link.region).map_err(ring_error)? > 0 {
                 continue;
             }
             ready!(this.link.poll_room(cx))?;
@@ -334,7 +325,35 @@ impl AsyncWrite for ShmWrite {
     }
 }
 
+impl WriteHalf for ShmWrite {
+    fn try_writes(&self) -> bool {
+        true
+    }
+
+    fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.write_now(bufs)?.ok_or_else(|| io::ErrorKind::WouldBlock.into())
+    }
+}
+
 impl ShmWrite {
+    /// Copies what fits into the ring and wakes the peer if it sleeps; `None` when the ring
+    /// is full.
+    fn write_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<Option<usize>> {
+        if let Some(e) = self.link.ended() {
+            return Err(e);
+        }
+        let region = &self.link.region;
+        let room = self.ring.room(region).map_err(ring_error)?;
+        if room == 0 {
+            return Ok(None);
+        }
+        let written = self.ring.write(region, bufs, room);
+        if written.wake_reader {
+            signal(&self.link.peer_bytes_ready);
+        }
+        Ok(Some(written.n))
+    }
+
     fn end(&mut self) {
         if self.ring.close(&self.link.region) {
             signal(&self.link.peer_bytes_ready);
