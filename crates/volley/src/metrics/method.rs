@@ -342,6 +342,28 @@ mod tests {
         assert_eq!(s.batch.count(), 2);
     }
 
+    /// A client's call counts its end on the tally it started on when it ends on the same
+    /// thread, and on its new thread's when it moved: either way every call ends once.
+    #[test]
+    fn calls_that_end_on_another_thread_are_counted_once() {
+        let m: &'static MethodMetrics = Box::leak(Box::new(MethodMetrics::new("s", "moved")));
+        let here = || (m.tally(), thread_token());
+        let stay = CallMeter::start_on(m, here(), 1, Timing::Single);
+        let moved: Vec<_> = (0..3).map(|_| CallMeter::start_on(m, here(), 1, Timing::Single)).collect();
+        assert_eq!(m.snapshot().in_flight, 4);
+        stay.finish::<()>(&Ok(()));
+        std::thread::spawn(move || {
+            assert_ne!(thread_token(), 0);
+            moved.into_iter().for_each(|meter| meter.finish::<()>(&Ok(())));
+        })
+        .join()
+        .unwrap();
+        let s = m.snapshot();
+        assert_eq!((s.calls, s.in_flight), (4, 0));
+        // The other thread's ends went to its own tally, not this thread's.
+        assert_eq!(m.tally().ended.load(Relaxed), 1);
+    }
+
     #[test]
     fn single_calls_are_all_counted_and_one_in_sixteen_timed() {
         let m: &'static MethodMetrics = Box::leak(Box::new(MethodMetrics::new("s", "single")));
