@@ -32,6 +32,23 @@ impl<Req, Resp> Method<Req, Resp> {
     }
 }
 
+/// A method's names as a cache key: their addresses and lengths. The names are `'static` text,
+/// never freed, so one key names one text (the same text at two addresses only takes two
+/// entries), and comparing four words costs less than comparing or hashing the names.
+pub(crate) type NamesKey = (usize, usize, usize, usize);
+
+/// The key of `service`/`method` (see [`NamesKey`]).
+#[inline]
+pub(crate) fn names_key(service: &'static str, method: &'static str) -> NamesKey {
+    (service.as_ptr() as usize, service.len(), method.as_ptr() as usize, method.len())
+}
+
+/// The slot of `key` in a direct-mapped cache of `slots` entries (a power of two).
+#[inline]
+pub(crate) fn names_slot(key: NamesKey, slots: usize) -> usize {
+    ((key.0 >> 3) ^ (key.2 >> 3) ^ key.3) & (slots - 1)
+}
+
 impl<Req, Resp> Clone for Method<Req, Resp> {
     fn clone(&self) -> Self {
         *self

@@ -15,14 +15,13 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::method::{Home, MethodMetrics, thread_token};
+use crate::method::{NamesKey as Key, names_key, names_slot};
 
 /// Most methods with series of their own (bounds memory and the series a scrape returns).
 pub(crate) const MAX_METHODS: usize = 1024;
 
 /// Cache slots per thread (a power of two).
 const SLOTS: usize = 16;
-
-type Key = (usize, usize, usize, usize);
 
 #[derive(Default)]
 struct Table {
@@ -46,8 +45,8 @@ thread_local! {
 /// The metrics of calls to `service`/`method` from this process, and this thread's tally.
 #[inline]
 pub(crate) fn method(service: &'static str, method: &'static str) -> Entry {
-    let key = (service.as_ptr() as usize, service.len(), method.as_ptr() as usize, method.len());
-    let slot = ((key.0 >> 3) ^ (key.2 >> 3) ^ key.3) & (SLOTS - 1);
+    let key = names_key(service, method);
+    let slot = names_slot(key, SLOTS);
     // The closures are kept this small so that `with` is inlined, and with it the access to
     // the thread-local (out of line, `with` was an indirect call to the thread-local's accessor
     // and made the probe about twice as costly).

@@ -23,7 +23,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::Instrument;
 
 use crate::error::{Error, Status};
-use crate::method::Method;
+use crate::method::{Method, NamesKey, names_key, names_slot};
 use crate::proto::{Code, TraceParent};
 use crate::trace;
 
@@ -92,10 +92,6 @@ pub(crate) fn lookup(name: &str) -> Option<Arc<dyn LocalServer>> {
 /// Cache slots per connection (a power of two).
 const SLOTS: usize = 8;
 
-/// A method's names, by address and length: static text, never freed, so one key names one text
-/// (the same text at two addresses only takes two slots).
-type Key = (usize, usize, usize, usize);
-
 /// A client's connection to a server of this process: the server, and the methods called on it
 /// so far. Finding a method by name in the server's router hashes and compares both names, some
 /// 140 instructions, more than the rest of an inproc call to a synchronous handler; a hit here
@@ -103,7 +99,7 @@ type Key = (usize, usize, usize, usize);
 /// whose slot is taken is looked up each time.
 pub(crate) struct LocalConn {
     pub server: Arc<dyn LocalServer>,
-    methods: [OnceLock<(Key, Box<dyn Any + Send + Sync>)>; SLOTS],
+    methods: [OnceLock<(NamesKey, Box<dyn Any + Send + Sync>)>; SLOTS],
 }
 
 /// The connection to the live server named `name`.
@@ -118,9 +114,8 @@ impl LocalConn {
         &self,
         m: &Method<Req, Resp>,
     ) -> Result<&AnyMethod<Req, Resp>, Error> {
-        let (service, name) = (m.service(), m.name());
-        let key = (service.as_ptr() as usize, service.len(), name.as_ptr() as usize, name.len());
-        let slot = &self.methods[((key.0 >> 3) ^ (key.2 >> 3) ^ key.3) & (SLOTS - 1)];
+        let key = names_key(m.service(), m.name());
+        let slot = &self.methods[names_slot(key, SLOTS)];
         // A hit with other types than the caller's falls through to the lookup, whose error
         // says so.
         if let Some((k, any)) = slot.get()
