@@ -360,10 +360,18 @@ impl Inner {
         ((self.client_id as u64) << 32) | self.seq.fetch_add(1, Ordering::Relaxed) as u64
     }
 
+    /// The live connection, reconnecting first if there is none. The reconnect is boxed: its
+    /// future is large and rarely needed, and every call's future would otherwise carry it.
+    #[inline]
     async fn connection(&self) -> Result<Arc<Conn>, Error> {
-        if let Some(c) = self.conn.load_full().filter(|c| c.is_alive()) {
-            return Ok(c);
+        match self.conn.load_full().filter(|c| c.is_alive()) {
+            Some(c) => Ok(c),
+            None => Box::pin(self.reconnect()).await,
         }
+    }
+
+    #[cold]
+    async fn reconnect(&self) -> Result<Arc<Conn>, Error> {
         let _one_at_a_time = self.reconnect.lock().await;
         if let Some(c) = self.conn.load_full().filter(|c| c.is_alive()) {
             return Ok(c);

@@ -33,11 +33,11 @@ impl LocalServer for Shared {
     }
 
     fn enter(&self) -> Option<TaskTrackerToken> {
-        (!self.shutdown.is_cancelled()).then(|| self.tasks.token())
+        (!self.is_closing()).then(|| self.tasks.token())
     }
 
     fn is_open(&self) -> bool {
-        !self.shutdown.is_cancelled()
+        !self.is_closing()
     }
 
     fn closed(&self) -> BoxFuture<'static, ()> {
