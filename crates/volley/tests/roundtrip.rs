@@ -83,3 +83,29 @@ async fn an_inproc_call_with_other_types_than_the_handlers_fails_clearly() {
     }
     server.shutdown().await;
 }
+
+/// Inproc calls to a synchronous handler never wait, yet a task looping on them still yields
+/// to the runtime: on one thread, a task spawned beside the loop runs long before the loop
+/// would end on its own.
+#[tokio::test(flavor = "current_thread")]
+async fn a_loop_of_inproc_calls_that_never_wait_yields_to_other_tasks() {
+    const DOUBLE: Method<u64, u64> = Method::new("loop", "double");
+    let server = Server::builder().handle_fn(&DOUBLE, |x: u64| Ok(2 * x)).build();
+    let addr = server.listen("inproc://roundtrip-loop-yields").await.unwrap();
+    let client = Client::connect(&addr.to_string()).await.unwrap();
+    let other_ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = other_ran.clone();
+    tokio::spawn(async move { flag.store(true, std::sync::atomic::Ordering::Relaxed) });
+    const LIMIT: u64 = 1_000_000;
+    let mut calls = 0;
+    while calls < LIMIT && !other_ran.load(std::sync::atomic::Ordering::Relaxed) {
+        assert_eq!(client.call(&DOUBLE, calls).await.unwrap(), 2 * calls);
+        calls += 1;
+    }
+    assert!(
+        other_ran.load(std::sync::atomic::Ordering::Relaxed),
+        "the spawned task never ran in {LIMIT} calls"
+    );
+    assert!(calls < 100_000, "the loop yielded only after {calls} calls");
+    server.shutdown().await;
+}

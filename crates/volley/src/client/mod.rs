@@ -240,8 +240,23 @@ impl Client {
         trace: Option<&TraceParent>,
     ) -> Result<Resp, Error> {
         let timeout = opts.budget(self.inner.config.timeout);
-        match &*self.inner.connection().await? {
-            Conn::Local(local) => inproc::call(local, m, req, timeout, trace).await,
+        // A local connection is only borrowed: its handler starts (and most often finishes)
+        // before the call waits, so the call needs no reference count of its own — taking one
+        // from the `ArcSwap` and giving it back cost an inproc call a tenth of its instructions.
+        let current = self.inner.conn.load();
+        if let Some(Conn::Local(local)) = current.as_deref()
+            && local.server.is_open()
+        {
+            let begun = inproc::start(local, m, req, trace);
+            drop(current);
+            return inproc::finish(begun?, timeout).await;
+        }
+        let conn = match arc_swap::Guard::into_inner(current).filter(|c| c.is_alive()) {
+            Some(c) => c,
+            None => self.inner.connection().await?,
+        };
+        match &*conn {
+            Conn::Local(local) => inproc::finish(inproc::start(local, m, req, trace)?, timeout).await,
             Conn::Stream(c) => {
                 let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
                 c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, (timeout, trace)).await
