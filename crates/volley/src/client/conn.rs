@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use std::sync::atomic::AtomicUsize;
+use tokio::sync::Notify;
 
-use tokio::sync::{Notify, Semaphore, SemaphorePermit};
-
+use super::flow::{FlowControl, FlowLimits, InFlightBytes};
 use super::pending::{Inserted, Pending, Reply, waiter};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
@@ -51,21 +50,6 @@ pub(crate) struct StreamConn {
     wants_deadlines: bool,
 }
 
-/// Per-connection bounds on what is in flight, so a burst of callers waits for room instead of
-/// queueing without limit.
-///
-/// Items (a single call is one, a chunk of a batch counts its items) are bounded exactly by a
-/// semaphore whose permits a call holds until it ends. Bytes are bounded softly: a call waits
-/// while more than `max_bytes` of requests are unanswered, then adds its own size, so the bound
-/// can be passed by the calls admitted at the same moment — at most `max_items` messages.
-struct FlowControl {
-    items: Semaphore,
-    max_items: usize,
-    bytes: AtomicUsize,
-    max_bytes: usize,
-    room: Notify,
-}
-
 /// The server's `DeadlineExceeded` for a request that carried this call's budget is this call's
 /// timeout, seen first by the server: the caller gets the same error whichever side noticed
 /// first.
@@ -84,89 +68,6 @@ pub(crate) struct ConnOptions {
     pub token: Option<Vec<u8>>,
     pub keepalive: Option<Keepalive>,
     pub send_deadlines: bool,
-}
-
-/// Flow-control settings of a connection (see [`ClientConfig`](super::ClientConfig)).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct FlowLimits {
-    pub max_items: usize,
-    pub max_bytes: usize,
-}
-
-impl FlowControl {
-    fn new(l: FlowLimits) -> Self {
-        FlowControl {
-            items: Semaphore::new(l.max_items),
-            max_items: l.max_items,
-            bytes: AtomicUsize::new(0),
-            max_bytes: l.max_bytes,
-            room: Notify::new(),
-        }
-    }
-
-    /// Room for `n` more items now, if there is some (`None`: wait for it with `admit`).
-    fn try_admit(&self, n: usize) -> Result<Option<SemaphorePermit<'_>>, Error> {
-        self.check(n)?;
-        match self.items.try_acquire_many(n as u32) {
-            Ok(p) if self.bytes.load(Ordering::Acquire) <= self.max_bytes => Ok(Some(p)),
-            _ => Ok(None),
-        }
-    }
-
-    fn check(&self, n: usize) -> Result<(), Error> {
-        if n > self.max_items {
-            return Err(Error::Usage(format!(
-                "a call of {n} items exceeds the connection's in-flight bound of {} (use smaller chunks)",
-                self.max_items
-            )));
-        }
-        Ok(())
-    }
-
-    /// Whether no request is unanswered (bytes are held from a request's queueing to its
-    /// call's end, and every request has some).
-    fn idle(&self) -> bool {
-        self.bytes.load(Ordering::Relaxed) == 0
-    }
-
-    /// Waits until `n` more items and some bytes may be in flight.
-    async fn admit(&self, n: usize) -> Result<SemaphorePermit<'_>, Error> {
-        self.check(n)?;
-        let permit = match self.items.try_acquire_many(n as u32) {
-            Ok(p) => p,
-            Err(_) => self.items.acquire_many(n as u32).await.map_err(|_| Error::Closed)?,
-        };
-        while self.bytes.load(Ordering::Acquire) > self.max_bytes {
-            let room = self.room.notified();
-            if self.bytes.load(Ordering::Acquire) <= self.max_bytes {
-                break;
-            }
-            room.await;
-        }
-        Ok(permit)
-    }
-}
-
-/// Bytes of one unanswered request; given back when the call ends.
-struct InFlightBytes<'a> {
-    flow: &'a FlowControl,
-    n: usize,
-}
-
-impl<'a> InFlightBytes<'a> {
-    fn add(flow: &'a FlowControl, n: usize) -> Self {
-        flow.bytes.fetch_add(n, Ordering::AcqRel);
-        InFlightBytes { flow, n }
-    }
-}
-
-impl Drop for InFlightBytes<'_> {
-    fn drop(&mut self) {
-        let before = self.flow.bytes.fetch_sub(self.n, Ordering::AcqRel);
-        if before > self.flow.max_bytes && before - self.n <= self.flow.max_bytes {
-            self.flow.room.notify_waiters();
-        }
-    }
 }
 
 /// Deadlines without a timer per call: each waiter's deadline sits in the pending table, and

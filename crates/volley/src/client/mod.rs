@@ -13,6 +13,7 @@
 
 mod batch;
 mod conn;
+mod flow;
 mod id_table;
 mod pending;
 
@@ -397,8 +398,8 @@ impl Inner {
         Ok(conn)
     }
 
-    fn flow_limits(&self) -> conn::FlowLimits {
-        conn::FlowLimits {
+    fn flow_limits(&self) -> flow::FlowLimits {
+        flow::FlowLimits {
             max_items: self.config.max_in_flight.clamp(1, u32::MAX as usize),
             max_bytes: self.config.max_in_flight_bytes,
         }
