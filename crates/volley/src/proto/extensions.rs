@@ -109,10 +109,10 @@ impl Extensions {
     /// Writes the block: its u16 length, then the entries.
     pub(crate) fn write(&self, b: &mut BytesMut) {
         if let (Some(us), None) = (self.deadline_micros, &self.trace_parent) {
-            // The common block, a budget alone, in one put (see `addressed_header`).
+            // The common block, a budget alone, in one append (inlined: see `encode`).
             let mut block = [6, 0, EXT_DEADLINE, 4, 0, 0, 0, 0];
             block[4..].copy_from_slice(&us.to_le_bytes());
-            b.put_slice(&block);
+            b.extend_from_slice(&block);
             return;
         }
         let at = b.len();
