@@ -231,6 +231,14 @@ impl Cursor<'_> {
         self.pos = end;
         Ok(b)
     }
+    /// The next `n` bytes, borrowed: for a field read in place, which as a `Bytes` would cost a
+    /// reference count taken and dropped.
+    fn slice(&mut self, n: usize) -> Result<&[u8], ProtocolError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.body.len()).ok_or(TRUNCATED)?;
+        let b = &self.body[self.pos..end];
+        self.pos = end;
+        Ok(b)
+    }
     /// Flags, id, service, method and extensions of a Request or BatchRequest.
     fn addressed_header(&mut self) -> Result<(u8, u64, Bytes, Bytes, Extensions), ProtocolError> {
         let flags = self.u8()?;
@@ -241,7 +249,7 @@ impl Cursor<'_> {
         let method = self.utf8(n, "method name is not UTF-8")?;
         let ext = if flags & FLAG_EXTENSIONS != 0 {
             let n = self.u16()? as usize;
-            Extensions::parse(&self.take(n)?)?
+            Extensions::parse(self.slice(n)?)?
         } else {
             Extensions::NONE
         };
