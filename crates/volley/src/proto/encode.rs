@@ -364,7 +364,7 @@ impl FrameBuilder {
     /// Copying it instead made the work per message grow with the queue: with a peer that does
     /// not read, the queue reaches megabytes and each 4 KiB of new messages copied all of it
     /// (a profile of 160,000 pipelined requests spent most of its time in that memmove).
-    #[inline]
+    #[inline(always)]
     fn ensure_room(&mut self) {
         if self.buf.capacity() - self.buf.len() >= SEND_LOW {
             return;
@@ -444,7 +444,9 @@ impl FrameBuilder {
     }
 
     /// The message starting at `start` is complete in `buf`: enforce the frame limit, count it,
-    /// and close the frame if it is full.
+    /// and close the frame if it is full. Inlined into every message (with `ensure_room`, ~60
+    /// instructions less per call, scripts/callcost.py).
+    #[inline(always)]
     fn finish_message<E>(&mut self, start: usize) -> Result<(), BuildError<E>> {
         let open = self.open.expect("message() opened a frame");
         let msg_len = self.buf.len() - start;
