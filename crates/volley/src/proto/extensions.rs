@@ -138,7 +138,10 @@ impl Extensions {
     #[inline(always)]
     pub(crate) fn parse(block: &[u8]) -> Result<Extensions, ProtocolError> {
         if let [EXT_DEADLINE, 4, a, b, c, d] = *block {
-            return Ok(Extensions { deadline_micros: Some(u32::from_le_bytes([a, b, c, d])), trace_parent: None });
+            return Ok(Extensions {
+                deadline_micros: Some(u32::from_le_bytes([a, b, c, d])),
+                trace_parent: None,
+            });
         }
         Self::walk(block)
     }
