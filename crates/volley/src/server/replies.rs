@@ -9,7 +9,7 @@ use super::Shared;
 use crate::codec::Wire;
 use crate::error::Status;
 use crate::proto::Code;
-use crate::proto::encode::{BuildError, FrameBuilder, Frames, ZERO_COPY_MIN};
+use crate::proto::encode::{BuildError, FrameBuilder, Frames};
 
 /// Replies ready to be written into a connection's outgoing frames.
 pub(crate) trait Replies: Send {
@@ -55,9 +55,11 @@ pub(crate) fn write_result<Resp: Wire>(out: &mut FrameBuilder, id: u64, result: 
         Ok(resp) => resp,
         Err(status) => return out.error(id, status.code, &status.message),
     };
+    // A payload that is bytes already is written with its length known (large ones linked, not
+    // copied): no length to patch afterwards.
     let written = match resp.as_bytes() {
-        Some(b) if b.len() >= ZERO_COPY_MIN => out.reply_bytes(id, b).map_err(widen),
-        _ => out.reply(id, |buf| resp.encode(buf)),
+        Some(b) => out.reply_bytes(id, b).map_err(widen),
+        None => out.reply(id, |buf| resp.encode(buf)),
     };
     match written {
         Ok(()) => {}
