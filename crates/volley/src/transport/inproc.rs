@@ -263,17 +263,22 @@ fn served<T: Send + 'static>(
 /// Immediate calls that count against tokio's cooperative budget: one in this many.
 const BUDGET_EVERY: u8 = 8;
 
-/// A call that finished at once: no timer, no bookkeeping. One such call in [`BUDGET_EVERY`]
-/// on a thread counts against tokio's cooperative budget, so that a loop of calls that never
-/// wait still yields to the runtime (after some 1,000 calls rather than 128). Counting every
-/// call cost ~45 instructions, a twentieth of the call (scripts/callcost.py, inproc-256).
-async fn done<T>(v: T) -> T {
+/// Whether this call, which finished at once, counts against tokio's cooperative budget: one
+/// such call in [`BUDGET_EVERY`] on a thread does, so that a loop of calls that never wait
+/// still yields to the runtime (after some 1,000 calls rather than 128). Counting every call
+/// cost ~45 instructions, a twentieth of the call (scripts/callcost.py, inproc-256).
+#[inline]
+pub(crate) fn owes_budget() -> bool {
     thread_local!(static IMMEDIATE: Cell<u8> = const { Cell::new(0) });
-    let nth = IMMEDIATE.with(|n| {
+    IMMEDIATE.with(|n| {
         n.set(n.get().wrapping_add(1));
         n.get() % BUDGET_EVERY == 0
-    });
-    if nth {
+    })
+}
+
+/// A call that finished at once: no timer, no bookkeeping, and its share of the budget.
+async fn done<T>(v: T) -> T {
+    if owes_budget() {
         tokio::task::consume_budget().await;
     }
     v
