@@ -32,21 +32,53 @@ impl<Req, Resp> Method<Req, Resp> {
     }
 }
 
-/// A method's names as a cache key: their addresses and lengths. The names are `'static` text,
-/// never freed, so one key names one text (the same text at two addresses only takes two
-/// entries), and comparing four words costs less than comparing or hashing the names.
-pub(crate) type NamesKey = (usize, usize, usize, usize);
-
-/// The key of `service`/`method` (see [`NamesKey`]).
-#[inline]
-pub(crate) fn names_key(service: &'static str, method: &'static str) -> NamesKey {
-    (service.as_ptr() as usize, service.len(), method.as_ptr() as usize, method.len())
+/// A method's names as the key of a per-method cache. Compared by address first: comparing
+/// four words costs less than comparing or hashing text. Then by text: the same literal can sit
+/// at two addresses (a `const` method used from two codegen units does), and a cache that
+/// compared addresses only would miss on every call of the copy whose slot the other took, and
+/// look the method up each time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NamesKey {
+    service: &'static str,
+    method: &'static str,
 }
 
-/// The slot of `key` in a direct-mapped cache of `slots` entries (a power of two).
-#[inline]
-pub(crate) fn names_slot(key: NamesKey, slots: usize) -> usize {
-    ((key.0 >> 3) ^ (key.2 >> 3) ^ key.3) & (slots - 1)
+impl NamesKey {
+    /// A key no method has (both names empty), for slots not filled yet.
+    pub(crate) const NONE: NamesKey = NamesKey { service: "", method: "" };
+
+    #[inline]
+    pub(crate) fn of(service: &'static str, method: &'static str) -> Self {
+        NamesKey { service, method }
+    }
+
+    /// The slot of this key in a direct-mapped cache of `slots` entries (a power of two).
+    #[inline]
+    pub(crate) fn slot(self, slots: usize) -> usize {
+        let (s, m) = (self.service.as_ptr() as usize, self.method.as_ptr() as usize);
+        ((s >> 3) ^ (m >> 3) ^ self.method.len()) & (slots - 1)
+    }
+
+    /// Whether the two keys are the same names at the same addresses (the common case, and
+    /// the cheap test).
+    #[inline]
+    pub(crate) fn same_address(self, other: NamesKey) -> bool {
+        std::ptr::eq(self.service, other.service) && std::ptr::eq(self.method, other.method)
+    }
+
+    /// Whether the two keys name the same method, wherever their text sits. A cache that finds
+    /// a key this way re-keys its slot to it, so that the next call from the same place is an
+    /// address hit.
+    #[inline(never)]
+    pub(crate) fn same_text(self, other: NamesKey) -> bool {
+        self.service == other.service && self.method == other.method
+    }
+
+    /// The addresses of the two names.
+    #[inline]
+    pub(crate) fn addresses(self) -> [usize; 2] {
+        [self.service.as_ptr() as usize, self.method.as_ptr() as usize]
+    }
 }
 
 impl<Req, Resp> Clone for Method<Req, Resp> {
@@ -60,5 +92,23 @@ impl<Req, Resp> Copy for Method<Req, Resp> {}
 impl<Req, Resp> std::fmt::Debug for Method<Req, Resp> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.service, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NamesKey;
+
+    #[test]
+    fn names_keys_match_by_text_wherever_the_text_sits() {
+        let (svc, m) = ("keys-svc", "keys-m");
+        let copy: &'static str = Box::leak(String::from(svc).into_boxed_str());
+        assert!(!std::ptr::eq(svc, copy), "the copy sits elsewhere");
+        assert!(NamesKey::of(svc, m).same_address(NamesKey::of(svc, m)));
+        assert!(!NamesKey::of(svc, m).same_address(NamesKey::of(copy, m)));
+        assert!(NamesKey::of(svc, m).same_text(NamesKey::of(copy, m)), "same text, other address");
+        assert!(!NamesKey::of(svc, m).same_text(NamesKey::of(svc, "other")));
+        assert!(!NamesKey::of(svc, m).same_text(NamesKey::NONE));
+        assert!(NamesKey::of(svc, m).slot(8) < 8);
     }
 }

@@ -109,3 +109,26 @@ async fn a_loop_of_inproc_calls_that_never_wait_yields_to_other_tasks() {
     assert!(calls < 100_000, "the loop yielded only after {calls} calls");
     server.shutdown().await;
 }
+
+/// The same method names at other addresses (a `const` method used from several codegen units
+/// has them) reach the same handler through an inproc client's method cache, and other types
+/// under those names still get the clear error.
+#[tokio::test]
+async fn an_inproc_method_named_by_text_at_another_address_is_the_same_method() {
+    const TRIPLE: Method<u64, u64> = Method::new("copies", "triple");
+    let leak = |s: &str| -> &'static str { Box::leak(s.to_string().into_boxed_str()) };
+    let copy: Method<u64, u64> = Method::new(leak("copies"), leak("triple"));
+    let wrong: Method<String, String> = Method::new(leak("copies"), leak("triple"));
+    let server = Server::builder().handle_fn(&TRIPLE, |x: u64| Ok(3 * x)).build();
+    let addr = server.listen("inproc://roundtrip-copies").await.unwrap();
+    let client = Client::connect(&addr.to_string()).await.unwrap();
+    for i in 0..4u64 {
+        assert_eq!(client.call(&TRIPLE, i).await.unwrap(), 3 * i);
+        assert_eq!(client.call(&copy, i).await.unwrap(), 3 * i);
+        match client.call(&wrong, "x".to_string()).await {
+            Err(volley::Error::Remote(s)) => assert_eq!(s.code, volley::Code::BadRequest, "{s:?}"),
+            other => panic!("expected a type error, got {other:?}"),
+        }
+    }
+    server.shutdown().await;
+}

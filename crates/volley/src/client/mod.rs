@@ -30,8 +30,8 @@ use crate::codec::Wire;
 use crate::error::Error;
 use crate::method::Method;
 use crate::metrics::{self, CallMeter, Timing};
+use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
-use crate::proto::{Limits, TraceParent};
 use crate::stats::{Counters, Snapshot};
 use crate::trace;
 use crate::transport::Address;
@@ -225,53 +225,54 @@ impl Client {
         // more), for one thing only: an inproc handler's calls would be the span's children
         // rather than its siblings. The check of a disabled span allocates nothing.
         let traced = trace::call_span(m.service(), m.name());
-        let result = self.call_unmetered(m, req, opts, traced.as_ref().map(|t| &t.parent)).await;
-        drop(traced);
-        if let Some(meter) = meter {
-            meter.finish(&result);
-        }
-        result
-    }
-
-    async fn call_unmetered<Req: Wire, Resp: Wire>(
-        &self,
-        m: &Method<Req, Resp>,
-        req: Req,
-        opts: CallOptions,
-        trace: Option<&TraceParent>,
-    ) -> Result<Resp, Error> {
+        let trace = traced.as_ref().map(|t| &t.parent);
         let timeout = opts.budget(self.inner.config.timeout);
-        // A local connection is only borrowed: its handler starts (and most often finishes)
-        // before the call waits, so the call needs no reference count of its own — taking one
-        // from the `ArcSwap` and giving it back cost an inproc call a tenth of its instructions.
+        // Written out here rather than in a function of its own: each future one deeper cost an
+        // inproc call ~70 instructions (scripts/callcost.py). A local connection is only
+        // borrowed: its handler starts (and most often finishes) before the call waits, so the
+        // call needs no reference count of its own — taking one from the `ArcSwap` and giving
+        // it back cost an inproc call a tenth of its instructions.
         let current = self.inner.conn.load();
-        if let Some(Conn::Local(local)) = current.as_deref()
+        let result = if let Some(Conn::Local(local)) = current.as_deref()
             && local.server.is_open()
         {
             let begun = inproc::start(local, m, req, trace);
             drop(current);
-            // The common case in line: one more future deep, it cost ~70 instructions.
-            return match begun? {
-                inproc::Begun::Done(result) => {
+            match begun {
+                Ok(inproc::Begun::Done(result)) => {
                     if inproc::owes_budget() {
                         tokio::task::consume_budget().await;
                     }
                     result.map_err(Error::Remote)
                 }
-                waiting => inproc::finish(waiting, timeout).await,
-            };
-        }
-        let conn = match arc_swap::Guard::into_inner(current).filter(|c| c.is_alive()) {
-            Some(c) => c,
-            None => self.inner.connection().await?,
-        };
-        match &*conn {
-            Conn::Local(local) => inproc::finish(inproc::start(local, m, req, trace)?, timeout).await,
-            Conn::Stream(c) => {
-                let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
-                c.call(self.inner.next_id(), || self.inner.next_id(), m, &req, flags, (timeout, trace)).await
+                Ok(waiting) => inproc::finish(waiting, timeout).await,
+                Err(e) => Err(e),
             }
+        } else {
+            let conn = match arc_swap::Guard::into_inner(current).filter(|c| c.is_alive()) {
+                Some(c) => Ok(c),
+                None => self.inner.connection().await,
+            };
+            match conn {
+                Err(e) => Err(e),
+                Ok(conn) => match &*conn {
+                    Conn::Local(local) => match inproc::start(local, m, req, trace) {
+                        Ok(begun) => inproc::finish(begun, timeout).await,
+                        Err(e) => Err(e),
+                    },
+                    Conn::Stream(c) => {
+                        let flags = if opts.idempotent { FLAG_IDEMPOTENT } else { 0 };
+                        let id = self.inner.next_id();
+                        c.call(id, || self.inner.next_id(), m, &req, flags, (timeout, trace)).await
+                    }
+                },
+            }
+        };
+        drop(traced);
+        if let Some(meter) = meter {
+            meter.finish(&result);
         }
+        result
     }
 
     /// Calls `service`/`method` with an already encoded request and returns the reply payload

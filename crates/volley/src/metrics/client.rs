@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::method::{Home, MethodMetrics, thread_token};
-use crate::method::{NamesKey as Key, names_key, names_slot};
+use crate::method::NamesKey as Key;
 
 /// Most methods with series of their own (bounds memory and the series a scrape returns).
 pub(crate) const MAX_METHODS: usize = 1024;
@@ -39,19 +39,23 @@ type Entry = (&'static MethodMetrics, Home);
 thread_local! {
     // Cells, not a `RefCell`: nothing runs while a slot is read or written that could reach
     // the cache again, so a borrow flag would only cost its checks.
-    static CACHE: [Cell<(Key, Option<Entry>)>; SLOTS] = const { [const { Cell::new(((0, 0, 0, 0), None)) }; SLOTS] };
+    static CACHE: [Cell<(Key, Option<Entry>)>; SLOTS] = const { [const { Cell::new((Key::NONE, None)) }; SLOTS] };
 }
 
 /// The metrics of calls to `service`/`method` from this process, and this thread's tally.
 #[inline]
 pub(crate) fn method(service: &'static str, method: &'static str) -> Entry {
-    let key = names_key(service, method);
-    let slot = names_slot(key, SLOTS);
+    let key = Key::of(service, method);
+    let slot = key.slot(SLOTS);
     // The closures are kept this small so that `with` is inlined, and with it the access to
     // the thread-local (out of line, `with` was an indirect call to the thread-local's accessor
     // and made the probe about twice as costly).
     match CACHE.with(|c| c[slot].get()) {
-        (k, Some(e)) if k == key => e,
+        (k, Some(e)) if k.same_address(key) => e,
+        (k, Some(e)) if k.same_text(key) => {
+            CACHE.with(|c| c[slot].set((key, Some(e))));
+            e
+        }
         _ => fill(slot, key, service, method),
     }
 }

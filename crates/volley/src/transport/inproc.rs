@@ -13,6 +13,8 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, LazyLock, OnceLock, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -24,7 +26,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tracing::Instrument;
 
 use crate::error::{Error, Status};
-use crate::method::{Method, NamesKey, names_key, names_slot};
+use crate::method::{Method, NamesKey};
 use crate::proto::{Code, TraceParent};
 use crate::trace;
 
@@ -97,10 +99,33 @@ const SLOTS: usize = 8;
 /// so far. Finding a method by name in the server's router hashes and compares both names, some
 /// 140 instructions, more than the rest of an inproc call to a synchronous handler; a hit here
 /// is a few compares. A slot is filled once, by the first method that maps to it; a method
-/// whose slot is taken is looked up each time.
+/// whose slot another method took is looked up each time.
 pub(crate) struct LocalConn {
     pub server: Arc<dyn LocalServer>,
-    methods: [OnceLock<(NamesKey, Box<dyn Any + Send + Sync>)>; SLOTS],
+    methods: [Slot; SLOTS],
+}
+
+#[derive(Default)]
+struct Slot {
+    method: OnceLock<(NamesKey, Box<dyn Any + Send + Sync>)>,
+    /// The addresses of the names the method was last found by (see [`NamesKey`]: the same
+    /// names can sit at several addresses; the method's own key keeps the first). Any pair
+    /// stored here points at the method's names, even one torn between two stores.
+    seen: [AtomicUsize; 2],
+}
+
+impl Slot {
+    #[inline]
+    fn seen(&self, key: NamesKey) -> bool {
+        let [s, m] = key.addresses();
+        self.seen[0].load(Relaxed) == s && self.seen[1].load(Relaxed) == m
+    }
+
+    fn remember(&self, key: NamesKey) {
+        let [s, m] = key.addresses();
+        self.seen[0].store(s, Relaxed);
+        self.seen[1].store(m, Relaxed);
+    }
 }
 
 /// The connection to the live server named `name`.
@@ -116,12 +141,12 @@ impl LocalConn {
         &self,
         m: &Method<Req, Resp>,
     ) -> Result<&AnyMethod<Req, Resp>, Error> {
-        let key = names_key(m.service(), m.name());
-        let slot = &self.methods[names_slot(key, SLOTS)];
+        let key = NamesKey::of(m.service(), m.name());
+        let slot = &self.methods[key.slot(SLOTS)];
         // A hit with other types than the caller's falls through to the lookup, whose error
         // says so.
-        if let Some((k, any)) = slot.get()
-            && *k == key
+        if let Some((_, any)) = slot.method.get()
+            && slot.seen(key)
             && let Some(found) = any.downcast_ref::<AnyMethod<Req, Resp>>()
         {
             return Ok(found);
@@ -129,16 +154,26 @@ impl LocalConn {
         self.fill(slot, key, m)
     }
 
-    /// A miss: the lookup by name, and the slot filled if it is free.
+    /// Not found by address: the method's names at other addresses, or a lookup by name (and
+    /// the slot filled if it is free).
     #[cold]
-    fn fill<Req: 'static, Resp: 'static>(
-        &self,
-        slot: &OnceLock<(NamesKey, Box<dyn Any + Send + Sync>)>,
+    fn fill<'a, Req: 'static, Resp: 'static>(
+        &'a self,
+        slot: &'a Slot,
         key: NamesKey,
         m: &Method<Req, Resp>,
-    ) -> Result<&AnyMethod<Req, Resp>, Error> {
+    ) -> Result<&'a AnyMethod<Req, Resp>, Error> {
+        if let Some((k, any)) = slot.method.get()
+            && k.same_text(key)
+            && let Some(found) = any.downcast_ref::<AnyMethod<Req, Resp>>()
+        {
+            slot.remember(key);
+            return Ok(found);
+        }
         let found = method(&*self.server, m)?;
-        let _ = slot.set((key, Box::new(found.clone())));
+        if slot.method.get().is_none() && slot.method.set((key, Box::new(found.clone()))).is_ok() {
+            slot.remember(key);
+        }
         Ok(found)
     }
 }
