@@ -373,8 +373,8 @@ impl StreamConn {
         // A call that finds no room waits for it within its timeout, and has what is left of
         // the timeout once admitted: under overload, callers queued here give up on time
         // instead of being sent late, to a server that would work on them for nobody.
-        let (_permit, left) = match self.flow.try_admit(items)? {
-            Some(permit) => (permit, timeout),
+        let (_held, left) = match self.flow.try_admit(items)? {
+            Some(held) => (held, timeout),
             None => {
                 let t0 = Instant::now();
                 let admitted = tokio::time::timeout(timeout, self.flow.admit(items)).await;

@@ -16,7 +16,8 @@
 //! the semaphore's queue, a woken call that needs more items than there are goes back to
 //! waiting, and one that needs fewer may get in first.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use tokio::sync::Notify;
 
@@ -139,7 +140,7 @@ impl FlowControl {
     /// Whether no request is unanswered (bytes are held from a request's queueing to its
     /// call's end, and every request has some).
     pub(crate) fn idle(&self) -> bool {
-        self.bytes.load(std::sync::atomic::Ordering::Relaxed) == 0
+        self.bytes.load(Relaxed) == 0
     }
 
     fn check(&self, n: usize) -> Result<(), Error> {

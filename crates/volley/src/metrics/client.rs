@@ -5,8 +5,8 @@
 //! a small direct-mapped cache from the names' addresses (static, so never reused for other
 //! text) to the method's metrics: a hit costs a few compares, with no lock and no hashing of
 //! names. The same names at another address (see [`NamesKey`](crate::method::NamesKey)) are
-//! found by text and take over the slot. A miss looks the names up in the process's table under a lock, once per method and
-//! thread. Entries live for the rest of the process, so the table is bounded: past
+//! found by text and take over the slot. A miss looks the names up in the process's table
+//! under a lock, once per method and thread. Entries live for the rest of the process, so the table is bounded: past
 //! [`MAX_METHODS`], further methods share one entry named `_other`.
 
 use std::cell::Cell;
