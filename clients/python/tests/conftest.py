@@ -59,7 +59,10 @@ class Running:
         """The first match of ``pattern`` in the process's output, once it is there."""
         deadline = time.monotonic() + START_DEADLINE
         while time.monotonic() < deadline:
-            m = re.search(pattern, self.output())
+            # Only whole lines: the process may be caught halfway through writing one, and a
+            # pattern matching the half ("on tcp://") would hand out a truncated address.
+            out = self.output()
+            m = re.search(pattern, out[: out.rfind("\n") + 1])
             if m:
                 return m
             if self.proc.poll() is not None:
