@@ -14,7 +14,7 @@
 //! a call that timed out finds nobody, even when a newer call holds the same slot. The sweeper
 //! scans the whole table, once per sweep (about once per timeout period under steady load).
 
-use std::sync::LazyLock;
+use std::cell::RefCell;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,7 +23,9 @@ use parking_lot::Mutex;
 
 use super::id_table::IdTable;
 use crate::error::Error;
-use crate::pool::object::{Completer, Completion, ObjectPool, Slot, SlotPool, slot_pool};
+use crate::pool::object::{
+    Completer, Completion, ObjectPool, Slot, SlotCache, SlotPool, local_slot_cache, slot_pool,
+};
 use crate::proto::BatchItems;
 
 /// A reply as the reader hands it to the waiter, still encoded: the caller decodes it, off
@@ -46,12 +48,21 @@ pub(crate) type Waiting = Completion<Outcome, OutcomeSlots>;
 /// allocated per call).
 pub(crate) struct OutcomeSlots;
 
-static SLOTS: LazyLock<ObjectPool<Slot<Outcome>>> = LazyLock::new(slot_pool);
+static SLOTS: ObjectPool<Slot<Outcome>> = slot_pool();
+
+thread_local! {
+    static CACHE: SlotCache<Outcome> = const { RefCell::new(Vec::new()) };
+}
 
 impl SlotPool<Outcome> for OutcomeSlots {
     #[inline]
     fn pool() -> &'static ObjectPool<Slot<Outcome>> {
         &SLOTS
+    }
+
+    #[inline(always)]
+    fn with_cache<R>(f: impl FnOnce(&mut Vec<Box<Slot<Outcome>>>) -> R) -> Option<R> {
+        local_slot_cache(&CACHE, f)
     }
 }
 

@@ -49,11 +49,11 @@ pub struct ObjectStats {
 impl<T: Send> ObjectPool<T> {
     /// A pool keeping at most `local_max` objects per thread and `shared_max` in the shared
     /// list.
-    pub fn new(local_max: usize, shared_max: usize) -> Self {
+    pub const fn new(local_max: usize, shared_max: usize) -> Self {
         ObjectPool {
             local: ThreadLocal::new(),
             shared: Mutex::new(Vec::new()),
-            local_max: local_max.max(1),
+            local_max: if local_max == 0 { 1 } else { local_max },
             shared_max,
             created: AtomicU64::new(0),
         }
@@ -219,14 +219,38 @@ impl<T> Slot<T> {
     }
 }
 
+/// This thread's cache of completion slots of one value type.
+pub type SlotCache<T> = RefCell<Vec<Box<Slot<T>>>>;
+
 /// Where completion slots of one value type come from and go back to.
 pub trait SlotPool<T: Send + 'static>: Sized + 'static {
     fn pool() -> &'static ObjectPool<Slot<T>>;
+
+    /// Runs `f` on this thread's cache of slots, or returns `None` if the thread has none to
+    /// lend (it is exiting, or the cache is in use further up the stack). By default the cache
+    /// is the pool's own per-thread one; a pool used on every call keeps it in a `thread_local!`
+    /// of its own instead (see [`local_slot_cache`]): the pool's look-up costs ~30 instructions,
+    /// paid when a slot is taken and again when it is given back (scripts/callcost.py).
+    #[inline]
+    fn with_cache<R>(f: impl FnOnce(&mut Vec<Box<Slot<T>>>) -> R) -> Option<R> {
+        Self::pool().cache().try_borrow_mut().ok().map(|mut cache| f(&mut cache))
+    }
+}
+
+/// [`SlotPool::with_cache`] over a `thread_local!` cache.
+#[inline(always)]
+pub fn local_slot_cache<T: Send + 'static, R>(
+    key: &'static std::thread::LocalKey<SlotCache<T>>,
+    f: impl FnOnce(&mut Vec<Box<Slot<T>>>) -> R,
+) -> Option<R> {
+    key.try_with(|cache| cache.try_borrow_mut().ok().map(|mut cache| f(&mut cache))).ok().flatten()
 }
 
 /// Makes a one-shot from a pooled slot.
 pub fn completion<T: Send + 'static, P: SlotPool<T>>() -> (Completer<T, P>, Completion<T, P>) {
-    let slot = P::pool().take(Slot::new);
+    let pool = P::pool();
+    let slot =
+        P::with_cache(|cache| pool.take_from(cache, Slot::new)).unwrap_or_else(|| pool.fresh(Slot::new));
     slot.refs.store(2, Ordering::Relaxed);
     slot.state.store(EMPTY, Ordering::Relaxed);
     let ptr = Box::into_raw(slot);
@@ -325,10 +349,14 @@ unsafe fn release<T: Send + 'static, P: SlotPool<T>>(ptr: *mut Slot<T>) {
     let b = unsafe { Box::from_raw(ptr) };
     b.state.store(EMPTY, Ordering::Relaxed);
     drop(b.waker.take());
-    P::pool().give(b);
+    let pool = P::pool();
+    let mut b = Some(b);
+    if P::with_cache(|cache| pool.give_to(cache, b.take().expect("given once"))).is_none() {
+        pool.give_shared(b.into_iter().collect());
+    }
 }
 
 /// A pool with room for a busy connection's worth of slots per thread.
-pub fn slot_pool<T: Send + 'static>() -> ObjectPool<Slot<T>> {
+pub const fn slot_pool<T: Send + 'static>() -> ObjectPool<Slot<T>> {
     ObjectPool::new(1024, 16 * 1024)
 }
