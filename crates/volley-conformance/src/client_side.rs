@@ -122,9 +122,9 @@ fn answer(m: &Message, state: &Mutex<State>, done: &Notify) -> Answer {
     let (mut before, mut raw, mut close) = (Vec::new(), Vec::new(), false);
     match m {
         Message::Ping { token } => fb.pong(*token),
-        Message::Request { id, service, method, payload, .. } if service.as_ref() == CONTROL.as_bytes() => {
+        Message::Request { id, names, payload, .. } if names.service() == CONTROL => {
             let mut state = state.lock().expect("state");
-            let result = match method.as_ref() {
+            let result = match names.method().as_bytes() {
                 b"next" => Ok(next(&mut state, done)),
                 b"report" => report(&mut state, payload),
                 _ => Err((Code::UnknownMethod, "the runner has the methods next and report".to_string())),

@@ -4,7 +4,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Value, json};
 use volley::proto::{
-    Code, Decoder, Extensions, FrameBuilder, ItemResult, Limits, Message, TraceParent, decode_frame,
+    Code, Decoder, Extensions, FrameBuilder, ItemResult, Limits, Message, Names, TraceParent, decode_frame,
 };
 
 /// The bytes of a lower-case hex string of the cases.
@@ -35,9 +35,9 @@ fn text(b: &Bytes) -> String {
 
 /// A decoded message in the cases' JSON form.
 pub fn to_json(m: &Message) -> Value {
-    let addressed = |kind: &str, id: &u64, flags: &u8, service: &Bytes, method: &Bytes, ext: &Extensions| {
-        let mut v =
-            json!({"kind": kind, "flags": flags, "id": id, "service": text(service), "method": text(method)});
+    let addressed = |kind: &str, id: &u64, flags: &u8, names: &Names, ext: &Extensions| {
+        let (service, method) = (names.service(), names.method());
+        let mut v = json!({"kind": kind, "flags": flags, "id": id, "service": service, "method": method});
         if let Some(d) = ext.deadline_micros {
             v["deadline_micros"] = json!(d);
         }
@@ -51,13 +51,13 @@ pub fn to_json(m: &Message) -> Value {
         v
     };
     match m {
-        Message::Request { id, flags, service, method, ext, payload } => {
-            let mut v = addressed("request", id, flags, service, method, ext);
+        Message::Request { id, flags, names, ext, payload } => {
+            let mut v = addressed("request", id, flags, names, ext);
             v["payload"] = json!(hex(payload));
             v
         }
-        Message::BatchRequest { id, flags, service, method, ext, items } => {
-            let mut v = addressed("batch_request", id, flags, service, method, ext);
+        Message::BatchRequest { id, flags, names, ext, items } => {
+            let mut v = addressed("batch_request", id, flags, names, ext);
             v["items"] = items.requests().map(|p| json!(hex(&p))).collect();
             v
         }

@@ -28,7 +28,7 @@ use tracing::field::{Empty, display};
 use tracing_subscriber::Registry;
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::proto::TraceParent;
+use crate::proto::{Names, TraceParent};
 
 /// W3C trace flags: the trace is sampled (recorded).
 const SAMPLED: u8 = 0x01;
@@ -105,19 +105,27 @@ fn link_call(span: &Span) -> TraceParent {
 /// call's span is not entered while it waits (see `Client::call_with`), so it cannot be a local
 /// parent, and the served span links the same way whichever transport carried the request.
 #[inline(always)]
-pub(crate) fn serve_span(service: &[u8], method: &[u8], remote: Option<TraceParent>) -> Option<Span> {
+pub(crate) fn serve_span(names: &Names, remote: Option<TraceParent>) -> Option<Span> {
+    if !info_wanted() {
+        return None;
+    }
+    serve_span_checked(names.service(), names.method(), remote)
+}
+
+/// [`serve_span`] for a call that has its names as text (in process).
+pub(crate) fn serve_span_named(service: &str, method: &str, remote: Option<TraceParent>) -> Option<Span> {
     if !info_wanted() {
         return None;
     }
     serve_span_checked(service, method, remote)
 }
 
-fn serve_span_checked(service: &[u8], method: &[u8], remote: Option<TraceParent>) -> Option<Span> {
+fn serve_span_checked(service: &str, method: &str, remote: Option<TraceParent>) -> Option<Span> {
     let span = tracing::info_span!(
         parent: None,
         "volley.serve",
-        service = std::str::from_utf8(service).unwrap_or(""),
-        method = std::str::from_utf8(method).unwrap_or(""),
+        service,
+        method,
         trace_id = Empty,
         span_id = Empty,
         parent_id = Empty
@@ -211,7 +219,7 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::WARN);
         tracing::subscriber::with_default(subscriber, || {
             assert!(call_span("s", "m").is_none());
-            assert!(serve_span(b"s", b"m", None).is_none());
+            assert!(serve_span(&Names::new("s", "m"), None).is_none());
         });
     }
 
@@ -220,7 +228,7 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::INFO);
         tracing::subscriber::with_default(subscriber, || {
             let remote = TraceParent { trace_id: [7; 16], parent_id: [9; 8], flags: 0 };
-            let serve = serve_span(b"s", b"m", Some(remote)).expect("enabled");
+            let serve = serve_span(&Names::new("s", "m"), Some(remote)).expect("enabled");
             let _in = serve.enter();
             // A user's span in between is passed through.
             let _user = tracing::info_span!("user").entered();

@@ -397,9 +397,8 @@ impl RawPeer {
     /// The next request's id and payload.
     async fn request(&mut self) -> (u64, Bytes) {
         match self.next().await {
-            Message::Request { id, service, method, payload, .. } => {
-                assert_eq!(&service[..], b"math");
-                assert_eq!(&method[..], b"add_one");
+            Message::Request { id, names, payload, .. } => {
+                assert_eq!((names.service(), names.method()), ("math", "add_one"));
                 (id, payload)
             }
             other => panic!("expected a request, got {other:?}"),

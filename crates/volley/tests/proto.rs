@@ -6,8 +6,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use proptest::prelude::*;
 use volley::proto::encode::BuildError;
 use volley::proto::{
-    Code, Decoder, Extensions, FrameBuilder, ItemResult, Kind, Limits, Message, PREAMBLE, PREAMBLE_LEN,
-    ProtocolError, TraceParent, decode_frame,
+    Code, Decoder, Extensions, FrameBuilder, ItemResult, Kind, Limits, Message, Names, PREAMBLE,
+    PREAMBLE_LEN, ProtocolError, TraceParent, decode_frame,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -19,11 +19,12 @@ use volley::proto::{
 fn push(fb: &mut FrameBuilder, m: &Message, via_bytes: bool) {
     let s = |b: &Bytes| std::str::from_utf8(b).unwrap().to_string();
     match m {
-        Message::Request { id, flags, service, method, ext, payload } => {
+        Message::Request { id, flags, names, ext, payload } => {
             if via_bytes {
-                fb.request_bytes(*id, *flags, ext, (&s(service), &s(method)), payload.clone()).unwrap();
+                fb.request_bytes(*id, *flags, ext, (names.service(), names.method()), payload.clone())
+                    .unwrap();
             } else {
-                fb.request::<()>(*id, *flags, ext, (&s(service), &s(method)), |b| {
+                fb.request::<()>(*id, *flags, ext, (names.service(), names.method()), |b| {
                     b.put_slice(payload);
                     Ok(())
                 })
@@ -47,12 +48,19 @@ fn push(fb: &mut FrameBuilder, m: &Message, via_bytes: bool) {
         Message::Pong { token } => fb.pong(*token),
         Message::GoAway { code, message } => fb.go_away(*code, &s(message)),
         Message::Auth { token } => fb.auth(token),
-        Message::BatchRequest { id, flags, service, method, ext, items } => {
+        Message::BatchRequest { id, flags, names, ext, items } => {
             let payloads: Vec<Bytes> = items.requests().collect();
-            fb.batch_request::<_, ()>(*id, *flags, ext, (&s(service), &s(method)), &payloads, |p, b| {
-                b.put_slice(p);
-                Ok(())
-            })
+            fb.batch_request::<_, ()>(
+                *id,
+                *flags,
+                ext,
+                (names.service(), names.method()),
+                &payloads,
+                |p, b| {
+                    b.put_slice(p);
+                    Ok(())
+                },
+            )
             .unwrap();
         }
         Message::BatchReply { id, items } => fb
@@ -232,8 +240,10 @@ fn message_strategy(max_payload: usize) -> impl Strategy<Value = (Message, bool)
                 id,
                 // The builder sets the extensions flag exactly when there are extensions.
                 flags: if ext.is_empty() { flags & !0x02 } else { flags | 0x02 },
-                service,
-                method,
+                names: Names::new(
+                    std::str::from_utf8(&service).unwrap(),
+                    std::str::from_utf8(&method).unwrap()
+                ),
                 ext,
                 payload,
             }),
@@ -807,8 +817,7 @@ fn zero_copy_payloads_keep_stream_order() {
             Message::Request {
                 id: 4,
                 flags: 1,
-                service: Bytes::from_static(b"svc"),
-                method: Bytes::from_static(b"put"),
+                names: Names::new("svc", "put"),
                 ext: Extensions::NONE,
                 payload: big_b.clone(),
             },

@@ -12,7 +12,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use super::batch::BatchItems;
 use super::code::Code;
 use super::extensions::{Extensions, FLAG_EXTENSIONS};
-use super::message::{Kind, Message};
+use super::message::{Kind, Message, Names};
 use super::{Limits, ProtocolError, preamble};
 
 /// Frame decoder for one direction of one connection.
@@ -142,10 +142,10 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
         let kind = Kind::from_u8(kind_byte).ok_or(ProtocolError::UnknownKind(kind_byte))?;
         let msg = match kind {
             Kind::Request => {
-                let (flags, id, service, method, ext) = c.addressed_header()?;
+                let (flags, id, names, ext) = c.addressed_header()?;
                 let n = c.u32()? as usize;
                 let payload = c.take(n)?;
-                Message::Request { id, flags, service, method, ext, payload }
+                Message::Request { id, flags, names, ext, payload }
             }
             Kind::Reply => {
                 let id = c.u64()?;
@@ -169,12 +169,12 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
                 Message::GoAway { code, message }
             }
             Kind::BatchRequest => {
-                let (flags, id, service, method, ext) = c.addressed_header()?;
+                let (flags, id, names, ext) = c.addressed_header()?;
                 let count = c.u32()?;
                 let rest = body.slice(c.pos..);
                 let (items, used) = BatchItems::parse_requests(count, &rest, limits.max_batch_items)?;
                 c.pos += used;
-                Message::BatchRequest { id, flags, service, method, ext, items }
+                Message::BatchRequest { id, flags, names, ext, items }
             }
             Kind::BatchReply => {
                 let id = c.u64()?;
@@ -238,38 +238,50 @@ impl Cursor<'_> {
     }
     /// The next `n` bytes, borrowed: for a field read in place, which as a `Bytes` would cost a
     /// reference count taken and dropped.
+    #[inline(always)]
     fn slice(&mut self, n: usize) -> Result<&[u8], ProtocolError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.body.len()).ok_or(TRUNCATED)?;
         let b = &self.body[self.pos..end];
         self.pos = end;
         Ok(b)
     }
-    /// Flags, id, service, method and extensions of a Request or BatchRequest.
+    /// Flags, id, names and extensions of a Request or BatchRequest.
     #[inline(always)]
-    fn addressed_header(&mut self) -> Result<(u8, u64, Bytes, Bytes, Extensions), ProtocolError> {
+    fn addressed_header(&mut self) -> Result<(u8, u64, Names, Extensions), ProtocolError> {
         let flags = self.u8()?;
         let id = self.u64()?;
+        let service_len = self.u8()?;
+        let start = self.pos;
+        self.skip_utf8(service_len as usize, "service name is not UTF-8")?;
         let n = self.u8()? as usize;
-        let service = self.utf8(n, "service name is not UTF-8")?;
-        let n = self.u8()? as usize;
-        let method = self.utf8(n, "method name is not UTF-8")?;
+        self.skip_utf8(n, "method name is not UTF-8")?;
+        let names = Names::from_wire(self.body.slice(start..self.pos), service_len);
         let ext = if flags & FLAG_EXTENSIONS != 0 {
             let n = self.u16()? as usize;
             Extensions::parse(self.slice(n)?)?
         } else {
             Extensions::NONE
         };
-        Ok((flags, id, service, method, ext))
+        Ok((flags, id, names, ext))
     }
 
+    /// The next `n` bytes, checked to be UTF-8.
     #[inline(always)]
     fn utf8(&mut self, n: usize, what: &'static str) -> Result<Bytes, ProtocolError> {
-        let b = self.take(n)?;
+        let start = self.pos;
+        self.skip_utf8(n, what)?;
+        Ok(self.body.slice(start..self.pos))
+    }
+
+    /// Skips the next `n` bytes after checking they are UTF-8.
+    #[inline(always)]
+    fn skip_utf8(&mut self, n: usize, what: &'static str) -> Result<(), ProtocolError> {
+        let b = self.slice(n)?;
         // Names are short and nearly always ASCII: checking that first skips `from_utf8`'s
         // set-up, which cost more than the rest of a request's header (scripts/callcost.py).
         if !b.is_ascii() {
-            std::str::from_utf8(&b).map_err(|_| ProtocolError::Malformed(what))?;
+            std::str::from_utf8(b).map_err(|_| ProtocolError::Malformed(what))?;
         }
-        Ok(b)
+        Ok(())
     }
 }

@@ -30,7 +30,7 @@ pub use extensions::{Extensions, TraceParent};
 pub use limits::Limits;
 #[cfg(feature = "internals")]
 pub use message::Kind;
-pub use message::Message;
+pub use message::{Message, Names};
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use preamble::{PREAMBLE, PREAMBLE_LEN, SERVER_PREAMBLE, VERSION};
 

@@ -24,7 +24,7 @@ use super::replies::{Replies, expire};
 use super::running::Running;
 use crate::proto::encode::FrameBuilder;
 use crate::proto::message::as_str;
-use crate::proto::{BatchItems, Code, Limits, Message, ProtocolError};
+use crate::proto::{BatchItems, Code, Limits, Message, Names, ProtocolError};
 use crate::trace;
 use crate::transport::outbox::Outbox;
 
@@ -60,7 +60,7 @@ pub(super) struct Dispatch {
     group: Vec<(u64, Bytes)>,
     /// The group's service and method, and whether its payloads are large enough to be
     /// decoded and encoded on the codec pool (large and small requests are grouped apart).
-    key: Option<(Bytes, Bytes, bool)>,
+    key: Option<(Names, bool)>,
     /// The ids of the requests handed to the handler being started (see [`Dispatch::start`]).
     started: Vec<u64>,
     /// The turn's pings, answered after its requests.
@@ -188,20 +188,17 @@ impl Dispatch {
         }
         for msg in batch.drain(..) {
             match msg {
-                Message::Request { id, service, method, payload, ext, .. } => {
+                Message::Request { id, names, payload, ext, .. } => {
                     let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) else {
                         continue;
                     };
-                    let span = trace::serve_span(&service, &method, ext.trace_parent);
+                    let span = trace::serve_span(&names, ext.trace_parent);
                     let large = payload.len() >= c.shared.config.offload_min_bytes;
-                    let same = span.is_none()
-                        && self
-                            .key
-                            .as_ref()
-                            .is_some_and(|(s, m, l)| *s == service && *m == method && *l == large);
+                    let same =
+                        span.is_none() && self.key.as_ref().is_some_and(|(n, l)| *n == names && *l == large);
                     if !same || self.group.len() >= c.shared.config.max_batch {
                         self.flush(c, out);
-                        self.key = Some((service, method, large));
+                        self.key = Some((names, large));
                     }
                     self.group.push((id, payload));
                     self.deadline.add(deadline);
@@ -217,12 +214,12 @@ impl Dispatch {
                 Message::GoAway { code, message } => {
                     tracing::debug!(%code, message = as_str(&message), "client is going away");
                 }
-                Message::BatchRequest { id, service, method, items, ext, .. } => {
+                Message::BatchRequest { id, names, items, ext, .. } => {
                     self.flush(c, out);
                     self.key = None;
                     if let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) {
-                        let span = trace::serve_span(&service, &method, ext.trace_parent);
-                        self.batch(c, out, id, (&service, &method), items, (deadline, span));
+                        let span = trace::serve_span(&names, ext.trace_parent);
+                        self.batch(c, out, id, &names, items, (deadline, span));
                     }
                 }
                 Message::Reply { .. } | Message::Error { .. } | Message::BatchReply { .. } => {
@@ -272,7 +269,7 @@ impl Dispatch {
         if self.group.is_empty() {
             return;
         }
-        let (service, method, large) = self.key.as_ref().expect("a group has a key");
+        let (names, large) = self.key.as_ref().expect("a group has a key");
         let large = *large;
         let span = self.span.take();
         let deadline = self.deadline.take();
@@ -282,7 +279,7 @@ impl Dispatch {
             let ids: Vec<u64> = self.group.drain(..).map(|(id, _)| id).collect();
             return expire(c.shared, out, &ids);
         }
-        let route = match c.shared.router.lookup(as_str(service), as_str(method)) {
+        let route = match c.shared.router.lookup(names.service(), names.method()) {
             Ok(route) => route,
             Err(status) => {
                 self.group.drain(..).for_each(|(id, _)| out.error(id, status.code, &status.message));
@@ -329,11 +326,11 @@ impl Dispatch {
         c: &Conn<'_>,
         out: &mut FrameBuilder,
         id: u64,
-        (service, method): (&Bytes, &Bytes),
+        names: &Names,
         items: BatchItems,
         (deadline, span): (Option<Instant>, Option<Span>),
     ) {
-        let route = match c.shared.router.lookup(as_str(service), as_str(method)) {
+        let route = match c.shared.router.lookup(names.service(), names.method()) {
             Ok(route) => route,
             Err(status) => return out.error(id, status.code, &status.message),
         };

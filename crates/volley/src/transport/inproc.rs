@@ -285,8 +285,7 @@ fn served<T: Send + 'static>(
     (service, method): (&str, &str),
     start: impl FnOnce() -> Started<T>,
 ) -> Started<T> {
-    let Some(span) = trace.and_then(|tp| trace::serve_span(service.as_bytes(), method.as_bytes(), Some(*tp)))
-    else {
+    let Some(span) = trace.and_then(|tp| trace::serve_span_named(service, method, Some(*tp))) else {
         return start();
     };
     match span.in_scope(start) {
