@@ -11,7 +11,10 @@ and 2N calls per caller, and reports (I(2N) - I(N)) / (callers x N): the cost of
 without the start-up (runtime, connection) that both runs share. (The one part of the start-up
 whose count varies from run to run, the metrics clock's calibration, is subtracted from each.) Instructions are not time
 (a cache miss costs more than an add), so this complements the timed benchmarks and does not
-replace them: it tells what a change adds to the work of a call, exactly.
+replace them: it tells what a change adds to the work of a call, exactly. Only user-space
+instructions are counted: a socket's copies and wake-ups happen in the kernel and are not, so
+compare a transport with itself (shm-256 counts the copies into and out of its rings, which
+unix-256 leaves to the kernel).
 
 With --profile DIR the 2N run's callgrind file is kept there, for `callgrind_annotate`.
 With --no-metrics the library's metrics are off (both sides); --compare-metrics runs one build
@@ -26,6 +29,7 @@ SCENARIOS = {
     "tcp-256": (256, 600, "tcp", "single"),
     "tcp-1": (1, 20000, "tcp", "single"),
     "unix-256": (256, 200, "unix", "single"),
+    "shm-256": (256, 200, "shm", "single"),
     "inproc-256": (256, 1000, "inproc", "single"),
     "tcp-batch": (8, 50, "tcp", "batch"),
     "inproc-batch": (8, 100, "inproc", "batch"),

@@ -34,7 +34,8 @@ async fn main() -> volley::Result<()> {
         "tcp" => "tcp://127.0.0.1:0".to_string(),
         "unix" => format!("unix:///tmp/volley-callcost-{}.sock", std::process::id()),
         "inproc" => format!("inproc://callcost-{}", std::process::id()),
-        other => panic!("TRANSPORT: tcp, unix or inproc, not {other}"),
+        "shm" => format!("shm://callcost-{}", std::process::id()),
+        other => panic!("TRANSPORT: tcp, unix, shm or inproc, not {other}"),
     };
     let server = Server::builder().metrics(metrics).handle_fn(&ECHO, |b: Bytes| Ok(b)).build();
     let addr = server.listen(&listen).await?;
