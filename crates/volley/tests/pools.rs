@@ -7,7 +7,7 @@ use std::sync::{Barrier, LazyLock, Mutex};
 
 use volley::bytes::Bytes;
 use volley::pool::buffer::{BufferPool, MAX_CLASS, class_size};
-use volley::pool::object::{ObjectPool, Slot, SlotPool, completion, slot_pool};
+use volley::pool::object::{ObjectPool, Slot, SlotCache, SlotPool, completion, local_slot_cache, slot_pool};
 
 /// An object that knows whether someone holds it.
 #[derive(Default)]
@@ -137,6 +137,47 @@ fn completion_slots_are_reused() {
         }
     });
     assert_eq!(LOCAL.created(), 1, "one slot in use at a time: the same one every time");
+}
+
+/// A slot pool whose per-thread cache is a `thread_local!` of its own, as the client's is.
+struct CachedSlots;
+static CACHED_SLOTS: ObjectPool<Slot<Vec<u8>>> = slot_pool();
+thread_local! {
+    static CACHED: SlotCache<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+impl SlotPool<Vec<u8>> for CachedSlots {
+    fn pool() -> &'static ObjectPool<Slot<Vec<u8>>> {
+        &CACHED_SLOTS
+    }
+    fn with_cache<R>(f: impl FnOnce(&mut Vec<Box<Slot<Vec<u8>>>>) -> R) -> Option<R> {
+        local_slot_cache(&CACHED, f)
+    }
+}
+
+#[test]
+fn a_slot_pool_with_a_thread_local_cache_reuses_its_slots_and_crosses_threads() {
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+        for i in 0..1000u32 {
+            let (tx, rx) = completion::<Vec<u8>, CachedSlots>();
+            tx.send(i.to_le_bytes().to_vec());
+            assert_eq!(rx.await.unwrap(), i.to_le_bytes());
+        }
+    });
+    assert_eq!(CACHED_SLOTS.created(), 1, "one slot in use at a time: the same one every time");
+    // Sent on other threads (a slot given back there stays in that thread's cache, freed when
+    // the thread ends), received here: every value arrives once.
+    let got: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4u8)
+            .map(|t| {
+                let (tx, rx) = completion::<Vec<u8>, CachedSlots>();
+                s.spawn(move || tx.send(vec![t]));
+                rx
+            })
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        handles.into_iter().map(|rx| rt.block_on(rx).unwrap()).collect()
+    });
+    assert_eq!(got, [vec![0], vec![1], vec![2], vec![3]]);
 }
 
 #[test]

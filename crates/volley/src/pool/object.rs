@@ -13,7 +13,9 @@
 //! per-thread cache (a lock or CAS per operation: `object-pool`, `lockfree-object-pool`'s
 //! linear pool) or hand out slab indices rather than owned boxes (`sharded-slab`). The
 //! per-thread part is the `thread_local` crate's `ThreadLocal`, which gives every pool
-//! instance its own cache on each thread. `volley-research pools` measures it against the system
+//! instance its own cache on each thread; a slot pool used on every call can keep its cache in
+//! a `thread_local!` of its own instead (`SlotPool::with_cache`), a few instructions to reach
+//! where `ThreadLocal`'s look-up is ~30. `volley-research pools` measures it against the system
 //! allocator, mimalloc and jemalloc.
 
 use std::cell::{RefCell, UnsafeCell};
