@@ -434,12 +434,15 @@ impl StreamConn {
             let before = fb.queued_len();
             push(fb, id).map(|()| fb.queued_len().saturating_sub(before))
         };
-        // The only call in flight writes its request itself; with others in flight the writer
-        // task bundles them.
+        // The only call in flight writes its request itself. With others in flight the writer
+        // task bundles them, and once the bundle holds half of the calls in flight, the call
+        // that fills it writes it: the server starts on it while the other half is made (two
+        // bundles a round; `docs/BENCHMARKS.md`, "Bundles written early").
         let pushed = if self.flow.idle() {
             self.outbox.push_and_write(&self.counters, append)
         } else {
-            self.outbox.push(append)
+            let at = (self.flow.in_flight() as u64 / 2).max(EARLY_BUNDLE_MIN);
+            self.outbox.push_and_flush_at(&self.counters, at, append)
         };
         let size = match pushed {
             Ok(Ok(size)) => size,
@@ -515,6 +518,10 @@ impl StreamConn {
 
 /// The longest the sweeper waits between two sweeps because the last one was slow.
 const MAX_SWEEP_GAP: Duration = Duration::from_millis(50);
+
+/// The smallest bundle a call writes early (see `send_and_wait`): below it, the writes a
+/// round would take cost more than the overlap gains.
+const EARLY_BUNDLE_MIN: u64 = 16;
 
 /// Removes a waiter whose call ended without a reply, and tells the server (best effort).
 struct Unregister<'a> {

@@ -143,6 +143,12 @@ impl FlowControl {
         self.bytes.load(Relaxed) == 0
     }
 
+    /// Items admitted and not yet given back.
+    #[inline]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.items.load(Relaxed)
+    }
+
     fn check(&self, n: usize) -> Result<(), Error> {
         if n > self.max_items {
             return Err(Error::Usage(format!(

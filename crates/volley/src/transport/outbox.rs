@@ -14,6 +14,11 @@
 //! ping-pong). Whoever writes holds the write half, taken out of the outbox's state under its
 //! lock, so one write runs at a time and the stream's order is the order of the appends; what
 //! a direct write leaves unwritten goes to the writer task, ahead of anything queued since.
+//!
+//! Producers that come in rounds (a client's callers, all woken by one bundle of replies) may
+//! also write a bundle early, once it holds enough messages ([`Outbox::push_and_flush_at`]):
+//! the peer starts on the first part of the round while the rest is made, instead of both ends
+//! taking turns, each idle while the other works.
 
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +84,11 @@ impl State {
         self.carry.is_empty() && self.builder.is_empty()
     }
 
+    /// The write half is free and its stream can write without waiting.
+    fn can_write_now(&self) -> bool {
+        self.sink.as_ref().is_some_and(|s| s.try_writes())
+    }
+
     fn queued_len(&self) -> usize {
         self.carry.iter().map(Bytes::len).sum::<usize>() + self.builder.queued_len()
     }
@@ -123,11 +133,7 @@ impl Outbox {
             return Err(Closed);
         }
         let r = f(&mut st.builder);
-        let wake = if st.builder.is_empty() { None } else { st.writer.take() };
-        drop(st);
-        if let Some(w) = wake {
-            w.wake();
-        }
+        wake_writer(st);
         Ok(r)
     }
 
@@ -146,24 +152,58 @@ impl Outbox {
         if st.closed {
             return Err(Closed);
         }
-        let idle = st.is_empty() && st.sink.as_ref().is_some_and(|s| s.try_writes());
+        let idle = st.is_empty() && st.can_write_now();
         let r = f(&mut st.builder);
-        if !idle || st.builder.is_empty() {
-            let wake = if st.builder.is_empty() { None } else { st.writer.take() };
-            drop(st);
-            if let Some(w) = wake {
-                w.wake();
-            }
-            return Ok(r);
+        if idle && !st.builder.is_empty() {
+            self.write_now(st, counters);
+        } else {
+            wake_writer(st);
         }
-        let mut sink = st.sink.take().expect("checked above");
-        // The carry is empty here: its vector (and its capacity) holds the segments.
+        Ok(r)
+    }
+
+    /// Appends messages with `f` like [`push`](Self::push); once `at` messages or more are
+    /// queued and no write is in progress, writes everything queued from this task at once,
+    /// instead of leaving it to the writer task.
+    ///
+    /// For producers that run in rounds (a client's callers, woken together by one bundle of
+    /// replies): written whole, a round's bundle reaches the peer only when its last producer
+    /// has run, and the two ends take turns, each idle while the other works. Written in parts
+    /// as it grows, the peer works on the first part while the rest is made.
+    pub fn push_and_flush_at<R>(
+        &self,
+        counters: &Counters,
+        at: u64,
+        f: impl FnOnce(&mut FrameBuilder) -> R,
+    ) -> Result<R, Closed> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(Closed);
+        }
+        let r = f(&mut st.builder);
+        let queued = st.builder.counts().1 - st.reported.1;
+        if queued >= at && st.can_write_now() {
+            self.write_now(st, counters);
+        } else {
+            wake_writer(st);
+        }
+        Ok(r)
+    }
+
+    /// Writes everything queued to the stream from this task (the write half is free: the
+    /// caller checked, under the lock it passes in).
+    fn write_now(&self, mut st: parking_lot::MutexGuard<'_, State>, counters: &Counters) {
+        let mut sink = st.sink.take().expect("the caller checked the write half is free");
+        // What a direct write left before goes first; the carry's vector (and its capacity)
+        // then holds the segments.
         let mut segs = std::mem::take(&mut st.carry);
+        let counted = segs.len();
         st.builder.take_into(&mut segs);
         let (frames, messages) = st.unreported();
         drop(st);
-        let bytes = segs.iter().map(Bytes::len).sum::<usize>() as u64;
-        // Counted before the write, as the writer task does (see `drain_into`).
+        let bytes = segs[counted..].iter().map(Bytes::len).sum::<usize>() as u64;
+        // Counted before the write, as the writer task does (see `drain_into`); what a direct
+        // write left was counted by it.
         counters.sent(frames, messages, bytes);
         // An error is left to the writer task too: its write meets it again and ends the
         // connection the one way it always does.
@@ -174,7 +214,6 @@ impl Outbox {
             consume(&mut segs, n);
         }
         self.give_back(sink, segs);
-        Ok(r)
     }
 
     /// Returns the write half after a direct write, with what it left unwritten, and wakes the
@@ -244,21 +283,26 @@ impl Outbox {
     /// first), returning the frames, messages and bytes to count as sent (what a direct write
     /// left was counted by it). Once closed and drained, the write half comes alone, to be shut
     /// down.
-    fn take(&self, out: &mut Vec<Bytes>) -> (Sink, Option<(u64, u64, u64)>) {
+    ///
+    /// `None` if there is nothing to do after all: since `poll_queued` saw the write half free
+    /// and something queued, a producer may have written what was queued itself (a bundle
+    /// written early, see [`push_and_flush_at`](Self::push_and_flush_at)), or be writing it
+    /// now; it wakes this task again if it leaves anything.
+    fn take(&self, out: &mut Vec<Bytes>) -> Option<(Sink, Option<(u64, u64, u64)>)> {
         let mut st = self.state.lock();
-        // Free: `poll_queued` saw it so, with something queued or the outbox closed, and a
-        // producer writes directly only into an open outbox with nothing queued (and only this
-        // task takes what is queued).
-        let sink = st.sink.take().expect("the write half is free when the writer is ready");
+        if st.is_empty() && !st.closed {
+            return None;
+        }
+        let sink = st.sink.take()?;
         if st.is_empty() {
-            return (sink, None);
+            return Some((sink, None));
         }
         out.append(&mut st.carry);
         let counted = out.len();
         st.builder.take_into(out);
         let bytes = out[counted..].iter().map(Bytes::len).sum::<usize>() as u64;
         let (frames, messages) = st.unreported();
-        (sink, Some((frames, messages, bytes)))
+        Some((sink, Some((frames, messages, bytes))))
     }
 
     /// The writer task: sends the preamble (if asked), then drains the outbox into `wr` until
@@ -293,7 +337,7 @@ impl Outbox {
                 // per write.
                 tokio::task::yield_now().await;
             }
-            let (mut wr, taken) = self.take(&mut segs);
+            let Some((mut wr, taken)) = self.take(&mut segs) else { continue };
             let Some((frames, messages, bytes)) = taken else { return wr.shutdown().await };
             // Counted when handed to the socket, not after the write returns: the peer may
             // answer before this task runs again, and a reply must never be seen before the
@@ -303,6 +347,15 @@ impl Outbox {
             self.state.lock().sink = Some(wr);
             self.drained.notify_waiters();
         }
+    }
+}
+
+/// Releases the lock and wakes the writer task if something is queued for it.
+fn wake_writer(mut st: parking_lot::MutexGuard<'_, State>) {
+    let wake = if st.builder.is_empty() { None } else { st.writer.take() };
+    drop(st);
+    if let Some(w) = wake {
+        w.wake();
     }
 }
 

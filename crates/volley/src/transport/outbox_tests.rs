@@ -71,7 +71,8 @@ async fn until_direct(outbox: &Outbox) {
     panic!("the writer task never parked the write half");
 }
 
-/// Many producers on a multi-threaded runtime, writing directly and queueing in turn: each
+/// Many producers on a multi-threaded runtime, writing directly, writing bundles early and
+/// queueing in turn: each
 /// producer's messages arrive exactly once and in its order, and the counters match what
 /// arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -91,10 +92,12 @@ async fn concurrent_producers_keep_their_order_through_both_paths() {
                 tokio::spawn(async move {
                     for seq in 0..EACH {
                         let t = token(p, seq);
-                        if seq % 3 == 0 {
-                            outbox.push(|fb| fb.ping(t)).unwrap();
-                        } else {
-                            outbox.push_and_write(&sent, |fb| fb.ping(t)).unwrap();
+                        match seq % 4 {
+                            0 => outbox.push(|fb| fb.ping(t)).unwrap(),
+                            // Early bundles: a producer may take the write half between the
+                            // writer task seeing work and taking it.
+                            1 => outbox.push_and_flush_at(&sent, 4, |fb| fb.ping(t)).unwrap(),
+                            _ => outbox.push_and_write(&sent, |fb| fb.ping(t)).unwrap(),
                         }
                         if seq % 16 == 0 {
                             tokio::task::yield_now().await;
@@ -155,6 +158,45 @@ async fn a_lone_message_is_written_by_its_producer_and_a_queued_one_by_the_write
     let rest = theirs.read(&mut buf).unwrap();
     assert_eq!(&buf[..rest], &ping_bytes(&[2, 3])[..], "one frame, in push order");
     assert_eq!(counters.snapshot().messages_sent, 3);
+}
+
+/// Below the threshold a push only queues; the push that brings the queue to it writes the
+/// whole bundle (what was queued before it too) as one frame, before the writer task runs.
+#[tokio::test]
+async fn a_bundle_is_written_early_when_it_reaches_the_threshold() {
+    let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    theirs.set_nonblocking(true).unwrap();
+    let (_, wr) = UnixStream::from_std(ours).unwrap().into_split();
+    let outbox = Arc::new(Outbox::new(Limits::default()));
+    let counters = Arc::new(Counters::default());
+    let writer = {
+        let (o, c) = (outbox.clone(), counters.clone());
+        tokio::spawn(async move { o.write_loop(wr, &c, true).await })
+    };
+    until_direct(&outbox).await;
+    let mut buf = vec![0; 1024];
+    assert_eq!(theirs.read(&mut buf).unwrap(), PREAMBLE.len());
+
+    // No await from here to the reads: only a producer can have written.
+    outbox.push(|fb| fb.ping(1)).unwrap();
+    for t in 2..=3 {
+        outbox.push_and_flush_at(&counters, 4, |fb| fb.ping(t)).unwrap();
+    }
+    assert_eq!(theirs.read(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock, "3 of 4: queued");
+    outbox.push_and_flush_at(&counters, 4, |fb| fb.ping(4)).unwrap();
+    let n = theirs.read(&mut buf).unwrap();
+    assert_eq!(&buf[..n], &ping_bytes(&[1, 2, 3, 4])[..], "the whole bundle, in push order");
+    assert_eq!(counters.snapshot().messages_sent, 4);
+
+    // The count starts again from what is queued now.
+    outbox.push_and_flush_at(&counters, 4, |fb| fb.ping(5)).unwrap();
+    assert_eq!(theirs.read(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    outbox.close();
+    writer.await.unwrap().unwrap();
+    let rest = theirs.read(&mut buf).unwrap();
+    assert_eq!(&buf[..rest], &ping_bytes(&[5])[..], "the rest, by the writer task");
+    assert_eq!(outbox.direct.load(Ordering::Relaxed), 1);
 }
 
 /// The bytes of one frame holding pings with these tokens.
