@@ -18,7 +18,7 @@ use crate::proto::extensions::FEATURE_EXTENSIONS;
 use crate::proto::message::as_str;
 use crate::proto::{Code, Extensions, ItemResult, Limits, Message, TraceParent};
 use crate::stats::Counters;
-use crate::transport::outbox::Outbox;
+use crate::transport::outbox::{Outbox, lifo_runtime};
 use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::stream::ByteStream;
 use tokio::time::Instant;
@@ -48,6 +48,9 @@ pub(crate) struct StreamConn {
     preamble_event: tokio_util::sync::CancellationToken,
     /// Whether requests carry their time budget (when the server accepts extensions).
     wants_deadlines: bool,
+    /// Whether calls write bundles early (see `send_and_wait`): only where the writer task
+    /// cannot run beside them, on a current-thread runtime.
+    early_bundles: bool,
 }
 
 /// The server's `DeadlineExceeded` for a request that carried this call's budget is this call's
@@ -114,6 +117,7 @@ impl StreamConn {
             preamble_read: AtomicBool::new(false),
             preamble_event: Default::default(),
             wants_deadlines: opts.send_deadlines,
+            early_bundles: !lifo_runtime(),
         });
         let c = conn.clone();
         tokio::spawn(async move {
@@ -434,15 +438,20 @@ impl StreamConn {
             let before = fb.queued_len();
             push(fb, id).map(|()| fb.queued_len().saturating_sub(before))
         };
-        // The only call in flight writes its request itself. With others in flight the writer
-        // task bundles them, and once the bundle holds half of the calls in flight, the call
-        // that fills it writes it: the server starts on it while the other half is made (two
-        // bundles a round; `docs/BENCHMARKS.md`, "Bundles written early").
+        // The only call in flight writes its request itself; with others in flight the writer
+        // task bundles them. On a current-thread runtime that task runs only once every call
+        // of the round has queued, and the server would idle until then: there, once the
+        // bundle holds half of the calls in flight, the call that fills it writes it, and the
+        // server starts on it while the other half is made (`docs/BENCHMARKS.md`, "Bundles
+        // written early"). On a multi-threaded runtime the writer task runs beside the calls
+        // and takes what they queue as they go.
         let pushed = if self.flow.idle() {
             self.outbox.push_and_write(&self.counters, append)
-        } else {
+        } else if self.early_bundles {
             let at = (self.flow.in_flight() as u64 / 2).max(EARLY_BUNDLE_MIN);
             self.outbox.push_and_flush_at(&self.counters, at, append)
+        } else {
+            self.outbox.push(append)
         };
         let size = match pushed {
             Ok(Ok(size)) => size,
