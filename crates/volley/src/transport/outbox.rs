@@ -35,6 +35,9 @@ use crate::stats::Counters;
 /// The write half of the stream, whatever its kind.
 type Sink = Box<dyn WriteHalf>;
 
+/// Frames, messages and bytes taken from the builder, to be counted as sent.
+type SentCounts = (u64, u64, u64);
+
 /// Most segments handed to one `writev`.
 const MAX_IOV: usize = 64;
 
@@ -288,7 +291,7 @@ impl Outbox {
     /// and something queued, a producer may have written what was queued itself (a bundle
     /// written early, see [`push_and_flush_at`](Self::push_and_flush_at)), or be writing it
     /// now; it wakes this task again if it leaves anything.
-    fn take(&self, out: &mut Vec<Bytes>) -> Option<(Sink, Option<(u64, u64, u64)>)> {
+    fn take(&self, out: &mut Vec<Bytes>) -> Option<(Sink, Option<SentCounts>)> {
         let mut st = self.state.lock();
         if st.is_empty() && !st.closed {
             return None;
