@@ -71,6 +71,27 @@ async fn until_direct(outbox: &Outbox) {
     panic!("the writer task never parked the write half");
 }
 
+/// Starts the writer task on one end of a socket pair and waits until producers may write
+/// directly; returns the other end as a plain non-blocking socket, the preamble read, so a test
+/// can read without awaiting (nothing but a producer can write meanwhile).
+async fn started_with_peer_in_hand()
+-> (Arc<Outbox>, Arc<Counters>, JoinHandle<io::Result<()>>, std::os::unix::net::UnixStream) {
+    let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    ours.set_nonblocking(true).unwrap();
+    theirs.set_nonblocking(true).unwrap();
+    let (_, wr) = UnixStream::from_std(ours).unwrap().into_split();
+    let outbox = Arc::new(Outbox::new(Limits::default()));
+    let counters = Arc::new(Counters::default());
+    let writer = {
+        let (o, c) = (outbox.clone(), counters.clone());
+        tokio::spawn(async move { o.write_loop(wr, &c, true).await })
+    };
+    until_direct(&outbox).await;
+    let mut buf = [0; 1024];
+    assert_eq!(theirs.read(&mut buf).unwrap(), PREAMBLE.len(), "the preamble alone");
+    (outbox, counters, writer, theirs)
+}
+
 /// Many producers on a multi-threaded runtime, writing directly, writing bundles early and
 /// queueing in turn: each
 /// producer's messages arrive exactly once and in its order, and the counters match what
@@ -128,19 +149,8 @@ async fn concurrent_producers_keep_their_order_through_both_paths() {
 /// push returns (the writer task has not run); with something queued, it waits its turn.
 #[tokio::test]
 async fn a_lone_message_is_written_by_its_producer_and_a_queued_one_by_the_writer() {
-    let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    ours.set_nonblocking(true).unwrap();
-    theirs.set_nonblocking(true).unwrap();
-    let (_, wr) = UnixStream::from_std(ours).unwrap().into_split();
-    let outbox = Arc::new(Outbox::new(Limits::default()));
-    let counters = Arc::new(Counters::default());
-    let writer = {
-        let (o, c) = (outbox.clone(), counters.clone());
-        tokio::spawn(async move { o.write_loop(wr, &c, true).await })
-    };
-    until_direct(&outbox).await;
+    let (outbox, counters, writer, mut theirs) = started_with_peer_in_hand().await;
     let mut buf = vec![0; 1024];
-    assert_eq!(theirs.read(&mut buf).unwrap(), PREAMBLE.len());
     let one = ping_bytes(&[1]);
 
     // No await between the push and the read: only the producer can have written.
@@ -164,19 +174,8 @@ async fn a_lone_message_is_written_by_its_producer_and_a_queued_one_by_the_write
 /// whole bundle (what was queued before it too) as one frame, before the writer task runs.
 #[tokio::test]
 async fn a_bundle_is_written_early_when_it_reaches_the_threshold() {
-    let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    ours.set_nonblocking(true).unwrap();
-    theirs.set_nonblocking(true).unwrap();
-    let (_, wr) = UnixStream::from_std(ours).unwrap().into_split();
-    let outbox = Arc::new(Outbox::new(Limits::default()));
-    let counters = Arc::new(Counters::default());
-    let writer = {
-        let (o, c) = (outbox.clone(), counters.clone());
-        tokio::spawn(async move { o.write_loop(wr, &c, true).await })
-    };
-    until_direct(&outbox).await;
+    let (outbox, counters, writer, mut theirs) = started_with_peer_in_hand().await;
     let mut buf = vec![0; 1024];
-    assert_eq!(theirs.read(&mut buf).unwrap(), PREAMBLE.len());
 
     // No await from here to the reads: only a producer can have written.
     outbox.push(|fb| fb.ping(1)).unwrap();
