@@ -200,8 +200,8 @@ impl<R: ReadHalf> FrameReader<R> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if self.buf.is_empty() {
+                        // Idle: the buffer goes back, and the loop's top waits for bytes.
                         pool::buffer::put(std::mem::take(&mut self.buf));
-                        self.wait_readable().await?;
                     } else if let Some(t) = self.read_timeout {
                         // Part of a frame is here: the rest must follow within the timeout.
                         let deadline =
@@ -296,7 +296,7 @@ mod tests {
             }
             Ok(())
         }
-        fn try_read_buf(&self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+        fn try_read_buf(&mut self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
             let mut held = self.0.lock();
             if held.is_empty() {
                 return Err(io::ErrorKind::WouldBlock.into());

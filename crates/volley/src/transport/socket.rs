@@ -98,8 +98,8 @@ impl ReadHalf for StreamRead {
         each!(self, r => r.readable().await)
     }
 
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        each!(self, r => r.try_read_buf(buf))
+    fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        each!(self, r => ReadHalf::try_read_buf(r, buf))
     }
 }
 

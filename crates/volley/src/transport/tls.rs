@@ -244,7 +244,7 @@ impl ReadHalf for TlsReadHalf {
         Ok(())
     }
 
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+    fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         let mut st = self.staged.lock();
         if !st.buf.is_empty() {
             let n = st.buf.len();

@@ -36,7 +36,7 @@ async fn raw_peer(addr: &str, ring: usize) -> ShmStream {
 }
 
 /// Reads everything until the server ends the connection.
-async fn read_to_end(rd: &ShmRead) -> BytesMut {
+async fn read_to_end(rd: &mut ShmRead) -> BytesMut {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let start = Instant::now();
     loop {
@@ -70,19 +70,19 @@ async fn garbage_in_the_ring_ends_that_connection_with_a_protocol_error_and_no_o
     let good = Client::connect(&addr).await.unwrap();
     // Bytes that are not frames: the decoder's limits refuse them.
     let peer = raw_peer(&addr, 4096).await;
-    let (rd, mut wr) = peer.into_halves();
+    let (mut rd, mut wr) = peer.into_halves();
     wr.write_all(&PREAMBLE).await.unwrap();
     wr.write_all(&[0xff; 64]).await.unwrap();
-    let said = read_to_end(&rd).await;
+    let said = read_to_end(&mut rd).await;
     assert!(contains(&said, "exceeds the limit"), "a go-away naming the frame limit: {said:?}");
     // A write position the peer corrupted, past anything the ring can hold.
     let peer = raw_peer(&addr, 4096).await;
     let link = peer.link.clone();
-    let (rd, mut wr) = peer.into_halves();
+    let (mut rd, mut wr) = peer.into_halves();
     wr.write_all(&PREAMBLE).await.unwrap();
     link.region.u64_at(layout::CONTROL_A + ring::WRITE_POS).store(1 << 40, Ordering::Release);
     link.wake_peer_reader();
-    let said = read_to_end(&rd).await;
+    let said = read_to_end(&mut rd).await;
     assert!(contains(&said, "corrupt shared-memory ring"), "a go-away with the ring error: {said:?}");
     // The good client never noticed.
     assert_eq!(good.call(&ECHO, Bytes::from_static(b"still here")).await.unwrap(), &b"still here"[..]);

@@ -250,7 +250,7 @@ impl ReadHalf for ShmRead {
         }
     }
 
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+    fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         let region = &self.link.region;
         let mut st = self.state.lock();
         let room = buf.capacity() - buf.len();

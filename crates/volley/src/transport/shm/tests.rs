@@ -22,7 +22,7 @@ async fn pair(ring: usize) -> (ShmStream, ShmStream) {
 }
 
 /// Reads until `n` bytes arrived (or the end, or an error).
-async fn read_n(rd: &ShmRead, n: usize) -> io::Result<BytesMut> {
+async fn read_n(rd: &mut ShmRead, n: usize) -> io::Result<BytesMut> {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     while buf.len() < n {
         rd.readable().await?;
@@ -46,13 +46,13 @@ fn pattern(n: usize) -> Vec<u8> {
 #[tokio::test]
 async fn bytes_cross_both_ways_including_streams_far_larger_than_the_ring() {
     let (c, s) = pair(4096).await;
-    let ((c_rd, mut c_wr), (s_rd, mut s_wr)) = (c.into_halves(), s.into_halves());
+    let ((mut c_rd, mut c_wr), (mut s_rd, mut s_wr)) = (c.into_halves(), s.into_halves());
     for n in [1, 4095, 4096, 4097, 100_000] {
         let data = pattern(n);
-        let (wrote, got) = tokio::join!(c_wr.write_all(&data), read_n(&s_rd, n));
+        let (wrote, got) = tokio::join!(c_wr.write_all(&data), read_n(&mut s_rd, n));
         wrote.unwrap();
         assert_eq!(&got.unwrap()[..], &data[..], "client to server, {n} bytes");
-        let (wrote, got) = tokio::join!(s_wr.write_all(&data), read_n(&c_rd, n));
+        let (wrote, got) = tokio::join!(s_wr.write_all(&data), read_n(&mut c_rd, n));
         wrote.unwrap();
         assert_eq!(&got.unwrap()[..], &data[..], "server to client, {n} bytes");
     }
@@ -61,14 +61,14 @@ async fn bytes_cross_both_ways_including_streams_far_larger_than_the_ring() {
 #[tokio::test]
 async fn a_full_ring_holds_the_writer_until_the_reader_frees_room() {
     let (c, s) = pair(4096).await;
-    let ((_c_rd, mut c_wr), (s_rd, _s_wr)) = (c.into_halves(), s.into_halves());
+    let ((_c_rd, mut c_wr), (mut s_rd, _s_wr)) = (c.into_halves(), s.into_halves());
     let data = pattern(4096 + 1000);
     // Exactly the ring's capacity goes in; the rest waits.
     assert_eq!(c_wr.write(&data).await.unwrap(), 4096);
     let mut rest = Box::pin(c_wr.write_all(&data[4096..]));
     assert!(tokio::time::timeout(Duration::from_millis(100), &mut rest).await.is_err(), "no room, no write");
     // The reader takes everything: the writer is woken and finishes.
-    let (done, got) = tokio::join!(rest, read_n(&s_rd, data.len()));
+    let (done, got) = tokio::join!(rest, read_n(&mut s_rd, data.len()));
     done.unwrap();
     assert_eq!(&got.unwrap()[..], &data[..]);
 }
@@ -76,10 +76,10 @@ async fn a_full_ring_holds_the_writer_until_the_reader_frees_room() {
 #[tokio::test]
 async fn shutting_down_ends_the_stream_after_the_bytes_written_before() {
     let (c, s) = pair(4096).await;
-    let ((_c_rd, mut c_wr), (s_rd, _s_wr)) = (c.into_halves(), s.into_halves());
+    let ((_c_rd, mut c_wr), (mut s_rd, _s_wr)) = (c.into_halves(), s.into_halves());
     c_wr.write_all(b"last words").await.unwrap();
     c_wr.shutdown().await.unwrap();
-    assert_eq!(&read_n(&s_rd, 1000).await.unwrap()[..], b"last words");
+    assert_eq!(&read_n(&mut s_rd, 1000).await.unwrap()[..], b"last words");
     let mut buf = BytesMut::with_capacity(16);
     assert_eq!(s_rd.try_read_buf(&mut buf).unwrap(), 0, "the end, as on a socket");
 }
@@ -87,9 +87,9 @@ async fn shutting_down_ends_the_stream_after_the_bytes_written_before() {
 #[tokio::test]
 async fn the_peers_end_is_seen_at_once_by_a_sleeping_reader_and_a_waiting_writer() {
     let (c, s) = pair(4096).await;
-    let ((c_rd, mut c_wr), (s_rd, s_wr)) = (c.into_halves(), s.into_halves());
+    let ((mut c_rd, mut c_wr), (s_rd, s_wr)) = (c.into_halves(), s.into_halves());
     c_wr.write_all(&pattern(4096)).await.unwrap();
-    let reader = tokio::spawn(async move { read_n(&c_rd, 1).await.map(|b| b.len()) });
+    let reader = tokio::spawn(async move { read_n(&mut c_rd, 1).await.map(|b| b.len()) });
     let writer = tokio::spawn(async move { c_wr.write_all(b"more").await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!reader.is_finished() && !writer.is_finished());
@@ -109,10 +109,10 @@ fn protocol_error(e: io::Error) -> ProtocolError {
 async fn a_write_position_out_of_range_is_a_typed_protocol_error() {
     let (c, s) = pair(4096).await;
     let region_of_server = s.link.clone();
-    let (s_rd, _s_wr) = s.into_halves();
+    let (mut s_rd, _s_wr) = s.into_halves();
     let (_c_rd, mut c_wr) = c.into_halves();
     c_wr.write_all(b"fine").await.unwrap();
-    assert_eq!(&read_n(&s_rd, 4).await.unwrap()[..], b"fine");
+    assert_eq!(&read_n(&mut s_rd, 4).await.unwrap()[..], b"fine");
     // Ring A's write position, 10,000 bytes ahead of a ring of 4,096.
     region_of_server
         .region
@@ -132,7 +132,7 @@ async fn a_byte_on_the_set_up_socket_after_the_set_up_is_a_protocol_error() {
     let server = ShmStream::new(s.unwrap(), b, Side::Server, "server".into()).unwrap();
     let _client = c.unwrap();
     a.try_write(b"x").unwrap();
-    let (rd, _wr) = server.into_halves();
+    let (mut rd, _wr) = server.into_halves();
     tokio::time::timeout(Duration::from_secs(10), rd.readable()).await.unwrap().unwrap();
     let err = rd.try_read_buf(&mut BytesMut::with_capacity(64)).unwrap_err();
     assert!(matches!(protocol_error(err), ProtocolError::Ring(m) if m.contains("set-up socket")));
@@ -163,7 +163,7 @@ fn tempfile_dir() -> std::path::PathBuf {
 async fn random_traffic_between_two_threads_never_loses_a_wake_up() {
     const TOTAL: usize = 8 << 20;
     let (c, s) = pair(4096).await;
-    let ((_c_rd, mut c_wr), (s_rd, _s_wr)) = (c.into_halves(), s.into_halves());
+    let ((_c_rd, mut c_wr), (mut s_rd, _s_wr)) = (c.into_halves(), s.into_halves());
     let writer = tokio::spawn(async move {
         let (mut rng, mut sent) = (fastrand::Rng::with_seed(3), 0);
         while sent < TOTAL {
