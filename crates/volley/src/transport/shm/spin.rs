@@ -12,8 +12,13 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The longest spin, after the last bytes arrived.
-const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// The longest spin, after the last bytes arrived. Long enough to span a busy peer's turn:
+/// a server answering 8 batches of 128 echoes takes 100–200 µs here, so a 50 µs spin missed
+/// every reply and both sides slept and were woken through the kernel between turns (batch
+/// items/s 1.09× unix); 200 µs catches them (1.88×, 256 callers 1.12× → 1.35×; the median of
+/// 5 interleaved rounds, docs/BENCHMARKS.md). A lone call's reply comes within a few µs either
+/// way.
+const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// The environment variable that sets the longest spin in microseconds (0: never spin).
 const SPIN_ENV: &str = "VOLLEY_SHM_SPIN_US";
