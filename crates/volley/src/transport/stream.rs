@@ -65,8 +65,9 @@ impl ReadHalf for unix::OwnedReadHalf {
 /// that leaves part of the room offered empty tells tokio the socket is drained (epoll is
 /// edge-triggered), so the reader's next attempt finds no readiness and waits, where
 /// `try_read_buf` would first make a `recv` that fails with `EAGAIN` — one system call less each
-/// time either side of a connection wakes up (two of eight per lone round trip). The no-op
-/// waker registered by a pending poll is replaced by the reader's own when it then waits.
+/// time either side of a connection wakes up (two of eight per lone round trip). A pending
+/// poll leaves the no-op waker registered for reads, which readiness then wakes for nothing:
+/// the reader waits through `readable`, whose waiter is its own.
 fn read_now<R: AsyncRead + Unpin>(half: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
     let mut cx = Context::from_waker(Waker::noop());
     match tokio_util::io::poll_read_buf(Pin::new(half), &mut cx, buf) {
