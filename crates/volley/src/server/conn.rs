@@ -132,6 +132,10 @@ async fn serve(
     let first = liveness.as_ref().map_or_else(Instant::now, |l| Instant::from_std(l.deadline()));
     let tick = tokio::time::sleep_until(first);
     tokio::pin!(tick);
+    // One wait for shutdown for the connection's life: a new one per loop turn joined and left
+    // the token's waiter list (a lock each time), ~470 instructions per lone round trip.
+    let shutdown = shared.shutdown.cancelled();
+    tokio::pin!(shutdown);
     let mut reads = 0u64;
     let end = loop {
         let read = tokio::select! {
@@ -141,7 +145,7 @@ async fn serve(
                 outbox.wait_queued_below(MAX_UNSENT).await;
                 reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters).await
             } => r,
-            _ = shared.shutdown.cancelled() => break End::Shutdown,
+            () = &mut shutdown => break End::Shutdown,
             () = &mut tick, if liveness.is_some() => {
                 let live = liveness.as_mut().expect("checked by the branch condition");
                 match live.poll(Instant::now().into_std(), reads) {
