@@ -227,9 +227,13 @@ impl StreamConn {
         // The preamble is read on its own, before any frame: calls that have extensions to
         // send wait for it (`features`), and must not also wait for the server's first frame.
         // It reads as an empty turn: a closed or broken stream ends the loop below.
+        // One wait for the connection's failure for its whole life: a new one per turn joined
+        // and left the token's waiter list (a lock each time), ~190 instructions per read.
+        let dead = self.dead.cancelled();
+        tokio::pin!(dead);
         let mut read = tokio::select! {
             r = reader.preamble() => r,
-            _ = self.dead.cancelled() => return,
+            () = &mut dead => return,
         };
         self.peer_extensions.store(reader.peer_features() & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
         self.preamble_read.store(true, Ordering::Release);
@@ -293,9 +297,11 @@ impl StreamConn {
                 let _ = self.outbox.push(|fb| pings.iter().for_each(|&t| fb.pong(t)));
             }
             read = tokio::select! {
+                // The read first: the failure is looked at only when there is nothing to read.
+                biased;
                 r = reader.read_batch(&mut batch, usize::MAX, &self.counters) => r,
                 // Failed elsewhere (keepalive, writer): `fail` already ended every call.
-                _ = self.dead.cancelled() => return,
+                () = &mut dead => return,
             };
         };
         self.fail(err);
