@@ -95,7 +95,8 @@ impl ByteStream for Stream {
 
 impl ReadHalf for StreamRead {
     async fn readable(&self) -> io::Result<()> {
-        each!(self, r => r.readable().await)
+        // The trait's `readable`, not a socket half's own method of that name (see stream.rs).
+        each!(self, r => ReadHalf::readable(r).await)
     }
 
     fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
