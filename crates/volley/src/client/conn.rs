@@ -224,13 +224,13 @@ impl StreamConn {
         // never started by the server: it answers everything it started before saying goodbye.
         let mut go_away: Option<String> = None;
         let mut refused = false;
-        // The preamble is read on its own, before any frame: calls that have extensions to
-        // send wait for it (`features`), and must not also wait for the server's first frame.
-        // It reads as an empty turn: a closed or broken stream ends the loop below.
         // One wait for the connection's failure for its whole life: a new one per turn joined
         // and left the token's waiter list (a lock each time), ~190 instructions per read.
         let dead = self.dead.cancelled();
         tokio::pin!(dead);
+        // The preamble is read on its own, before any frame: calls that have extensions to
+        // send wait for it (`features`), and must not also wait for the server's first frame.
+        // It reads as an empty turn: a closed or broken stream ends the loop below.
         let mut read = tokio::select! {
             r = reader.preamble() => r,
             () = &mut dead => return,
