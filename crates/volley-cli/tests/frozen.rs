@@ -141,20 +141,20 @@ async fn a_frozen_instance_is_left_out_and_its_calls_fail_over() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (b_seen, ok_seen) = (attempts(&b_addr), progress.ok.load(Relaxed));
     let window_end = t0.elapsed().as_millis() as u64;
-    let stuck =
+    let stuck_now =
         || -> Vec<usize> { (0..64).filter(|&i| progress.last_done[i].load(Relaxed) <= window_end).collect() };
     // At least 3 s of calls after the window; a caller held up past that is waited for up to
     // 12 s more, as a loaded machine can stretch the keepalive's ~1.1 s: a call left waiting on
     // the frozen instance would wait out its own 30 s timeout, far beyond that.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let t2 = Instant::now();
-    while !stuck().is_empty() && t2.elapsed() < Duration::from_secs(12) {
+    while !stuck_now().is_empty() && t2.elapsed() < Duration::from_secs(12) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let calls_after = t2.elapsed() + Duration::from_secs(3);
     progress.stop.store(true, Relaxed);
     let stats = client.instance_stats("echo");
-    let stuck = stuck();
+    let stuck = stuck_now();
     for c in callers {
         c.abort();
     }
