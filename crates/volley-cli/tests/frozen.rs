@@ -147,18 +147,21 @@ async fn a_frozen_instance_is_left_out_and_its_calls_fail_over() {
     // 12 s more, as a loaded machine can stretch the keepalive's ~1.1 s: a call left waiting on
     // the frozen instance would wait out its own 30 s timeout, far beyond that.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // The frozen instance is looked at now: waited on much longer, its registration would
+    // lapse and it would leave the list.
+    let stats = client.instance_stats("echo");
+    let b_after = attempts(&b_addr);
     let t2 = Instant::now();
     while !stuck_now().is_empty() && t2.elapsed() < Duration::from_secs(12) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let calls_after = t2.elapsed() + Duration::from_secs(3);
     progress.stop.store(true, Relaxed);
-    let stats = client.instance_stats("echo");
     let stuck = stuck_now();
     for c in callers {
         c.abort();
     }
-    let (b_after, ok_after) = (attempts(&b_addr), progress.ok.load(Relaxed));
+    let ok_after = progress.ok.load(Relaxed);
     b.signal(libc::SIGCONT);
     drop((a, b));
     // From two seconds after the freeze on, no call went to the frozen instance...
