@@ -2,6 +2,8 @@
 //! answers) among two, under 64 callers of a `ServiceClient`: the client's keepalive declares
 //! the connection dead when a ping goes unanswered, the calls waiting on it fail over to the
 //! other instance, and the frozen one is left out of rotation (its probe needs a round trip).
+//! A caller that picked it before it was left out reconnects, and fails over when no preamble
+//! came within the connect timeout.
 //! Real processes: a controller and two `volley serve-echo`.
 
 use std::io::{BufRead, BufReader};

@@ -152,6 +152,40 @@ async fn keepalive_fails_pending_calls_on_a_silent_server() {
     black_hole.abort();
 }
 
+/// A server whose kernel accepts but which sends nothing, not even its preamble (a frozen
+/// process): the connection fails after the connect timeout, and with it both a call that
+/// waits for the preamble (it has a time budget to send) and one sent at once (it has none),
+/// each once, with a connection error, long before their own deadlines. No keepalive is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_sends_no_preamble_fails_the_connection_after_the_connect_timeout() {
+    for send_deadlines in [true, false] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frozen = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut sink = vec![0u8; 4096];
+            while s.read(&mut sink).await.unwrap_or(0) > 0 {}
+        });
+        let config = ClientConfig::default()
+            .connect_timeout(Duration::from_millis(300))
+            .send_deadlines(send_deadlines);
+        let c = Client::connect_with(&format!("tcp://{addr}"), config).await.unwrap();
+        let t0 = Instant::now();
+        let opts = CallOptions::default().timeout(Duration::from_secs(60));
+        let r = c.call_with(&ECHO, "anyone?".into(), opts).await;
+        let took = t0.elapsed();
+        assert!(
+            matches!(&r, Err(Error::Connection(m)) if m.contains("no preamble")),
+            "{send_deadlines}: {r:?}"
+        );
+        assert!(took >= Duration::from_millis(300), "failed after {took:?}");
+        assert!(took < Duration::from_secs(30), "failed only after {took:?}");
+        assert_eq!(c.pending_calls(), 0);
+        assert!(!c.is_connected());
+        frozen.abort();
+    }
+}
+
 /// The server side: a peer that sends its preamble and then nothing (not even a pong) is
 /// pinged, then closed; a volley client on the same server answers pings and stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,9 @@ pub(crate) struct ConnOptions {
     pub token: Option<Vec<u8>>,
     pub keepalive: Option<Keepalive>,
     pub send_deadlines: bool,
+    /// How long the server's preamble may take: it is sent on accept, so a server that sends
+    /// none (a frozen process, whose kernel still accepts) fails the connection after this.
+    pub preamble_within: Duration,
 }
 
 /// Deadlines without a timer per call: each waiter's deadline sits in the pending table, and
@@ -94,7 +97,7 @@ struct Sweeper {
 impl StreamConn {
     /// Starts the reader and writer tasks of a freshly connected stream.
     pub fn start<S: ByteStream>(stream: S, opts: ConnOptions, counters: Arc<Counters>) -> Arc<StreamConn> {
-        let (limits, flow) = (opts.limits, opts.flow);
+        let (limits, flow, preamble_within) = (opts.limits, opts.flow, opts.preamble_within);
         let peer = stream.peer();
         let (rd, wr) = stream.into_halves();
         let outbox = Outbox::new(limits);
@@ -126,7 +129,7 @@ impl StreamConn {
             }
         });
         let c = conn.clone();
-        tokio::spawn(async move { c.read_loop(FrameReader::new(rd, limits)).await });
+        tokio::spawn(async move { c.read_loop(FrameReader::new(rd, limits), preamble_within).await });
         let c = conn.clone();
         tokio::spawn(async move { c.sweep_loop().await });
         if let Some(k) = opts.keepalive {
@@ -217,7 +220,11 @@ impl StreamConn {
         }
     }
 
-    async fn read_loop<R: crate::transport::stream::ReadHalf>(self: Arc<Self>, mut reader: FrameReader<R>) {
+    async fn read_loop<R: crate::transport::stream::ReadHalf>(
+        self: Arc<Self>,
+        mut reader: FrameReader<R>,
+        preamble_within: Duration,
+    ) {
         let mut batch = Vec::new();
         let mut done = Vec::new();
         // The reason the server gave before closing, if it did. Calls still pending then were
@@ -230,9 +237,18 @@ impl StreamConn {
         tokio::pin!(dead);
         // The preamble is read on its own, before any frame: calls that have extensions to
         // send wait for it (`features`), and must not also wait for the server's first frame.
-        // It reads as an empty turn: a closed or broken stream ends the loop below.
+        // It reads as an empty turn: a closed or broken stream ends the loop below. Without a
+        // bound here, a call waiting for it (and the keepalive, which counts only calls sent)
+        // would wait out the call's whole timeout on a server that accepted and never answers.
         let mut read = tokio::select! {
-            r = reader.preamble() => r,
+            r = tokio::time::timeout(preamble_within, reader.preamble()) => match r {
+                Ok(r) => r,
+                Err(_) => {
+                    let why = format!("{}: no preamble from the server within {preamble_within:?}", self.peer);
+                    tracing::warn!(peer = %self.peer, "connection dead: the server sent no preamble");
+                    return self.fail(Error::Connection(why));
+                }
+            },
             () = &mut dead => return,
         };
         self.peer_extensions.store(reader.peer_features() & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
@@ -593,6 +609,7 @@ mod tests {
             token: None,
             keepalive: None,
             send_deadlines: true,
+            preamble_within: Duration::from_secs(5),
         }
     }
 

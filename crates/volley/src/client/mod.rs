@@ -46,7 +46,8 @@ use conn::StreamConn;
 pub struct ClientConfig {
     /// Deadline of a call that does not set its own (default 30 s).
     pub timeout: Duration,
-    /// How long connecting may take (default 5 s).
+    /// How long connecting may take (default 5 s); the server's preamble, which it sends on
+    /// accept, must arrive within it too, or the connection fails and its calls with it.
     pub connect_timeout: Duration,
     /// Protocol limits for the connection.
     pub limits: Limits,
@@ -422,6 +423,7 @@ impl Inner {
             token: self.config.token.clone(),
             keepalive: self.config.keepalive,
             send_deadlines: self.config.send_deadlines,
+            preamble_within: self.config.connect_timeout,
         }
     }
 
