@@ -139,8 +139,9 @@ async fn keepalive_fails_pending_calls_on_a_silent_server() {
     });
     let k = Keepalive::new(Duration::from_millis(100), Duration::from_millis(200));
     let config = ClientConfig::default().keepalive(Some(k));
-    let c = Client::connect_with(&format!("tcp://{addr}"), config).await.unwrap();
+    // Before connecting: the keepalive's clock starts with the connection.
     let t0 = Instant::now();
+    let c = Client::connect_with(&format!("tcp://{addr}"), config).await.unwrap();
     let r =
         c.call_with(&ECHO, "anyone?".into(), CallOptions::default().timeout(Duration::from_secs(60))).await;
     let took = t0.elapsed();
@@ -169,8 +170,9 @@ async fn a_server_that_sends_no_preamble_fails_the_connection_after_the_connect_
         let config = ClientConfig::default()
             .connect_timeout(Duration::from_millis(300))
             .send_deadlines(send_deadlines);
-        let c = Client::connect_with(&format!("tcp://{addr}"), config).await.unwrap();
+        // Before connecting: the wait for the preamble starts with the connection.
         let t0 = Instant::now();
+        let c = Client::connect_with(&format!("tcp://{addr}"), config).await.unwrap();
         let opts = CallOptions::default().timeout(Duration::from_secs(60));
         let r = c.call_with(&ECHO, "anyone?".into(), opts).await;
         let took = t0.elapsed();
