@@ -6,6 +6,7 @@ mod load;
 mod raw_echo;
 mod report;
 mod runner;
+mod scenario;
 mod tarpc_echo;
 mod tonic_echo;
 mod volley_echo;
@@ -16,7 +17,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 
 use report::Results;
-use runner::{Flavor, Kind, Method, Scenario, Settings, Target};
+use runner::{Flavor, Method, Target};
+use scenario::{Kind, Scenario, Settings};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 use crate::load::{Caller, CpuMeter, Sample, new_histogram, percentiles};
-use crate::runner::{Scenario, Settings, pin, unix_path};
+use crate::scenario::{Scenario, Settings, pin, unix_path};
 
 const HEADER: usize = 4;
 /// A length above this is a broken stream, not a payload.
@@ -458,8 +458,12 @@ mod tests {
     /// echoes while it is still writing, or both sides block forever.
     #[test]
     fn a_bundle_larger_than_the_socket_buffers_completes() {
-        let sc =
-            Scenario { kind: crate::runner::Kind::Throughput, concurrency: 1024, payload: 4096, requests: 0 };
+        let sc = Scenario {
+            kind: crate::scenario::Kind::Throughput,
+            concurrency: 1024,
+            payload: 4096,
+            requests: 0,
+        };
         for transport in ["unix", "tcp"] {
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use serde_json::json;
 
 use crate::load::Sample;
-use crate::runner::{Flavor, Kind, Method, Scenario, Target};
+use crate::runner::{Flavor, Method, Target};
+use crate::scenario::{Kind, Scenario};
 
 /// Key of one series of samples (one per round).
 pub type Key = (Target, Scenario, Method, Flavor);

@@ -1,13 +1,13 @@
 //! One measurement: a server on its own thread and runtime, a client on another, each pinned
 //! to its own core, both torn down afterwards so nothing carries over between measurements.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use core_affinity::CoreId;
 use serde::{Deserialize, Serialize};
 
 use crate::load::{self, LoadSpec, Sample};
+use crate::scenario::{Kind, Scenario, Settings, pin, unique, unix_path};
 use crate::{raw_echo, tarpc_echo, tonic_echo, volley_echo};
 
 /// A framework on one transport.
@@ -117,41 +117,6 @@ impl Flavor {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Latency,
-    Throughput,
-    Batch,
-}
-
-/// What to measure: calls in a closed loop (or at a fixed rate) for a while, or a fixed
-/// number of requests as fast as the method allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Scenario {
-    pub kind: Kind,
-    /// Callers sharing the connection (latency/throughput), or for a unary batch run the
-    /// calls kept in flight.
-    pub concurrency: usize,
-    pub payload: usize,
-    /// Batch scenario: how many requests.
-    pub requests: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub warmup: Duration,
-    pub duration: Duration,
-    pub rate: Option<f64>,
-    /// Volley's batch: requests per chunk and chunks in flight.
-    pub chunk_size: usize,
-    pub chunk_window: usize,
-    /// Time bound of a run of unary calls in the batch scenario.
-    pub batch_max: Duration,
-    /// Cores for the server and the client (`None`: not pinned).
-    pub cores: Option<(CoreId, CoreId)>,
-}
-
 /// Where the client finds the server.
 enum Endpoint {
     Volley(String),
@@ -166,17 +131,6 @@ enum Running {
     Tonic(tonic_echo::Running),
     Tarpc(tokio::task::JoinHandle<()>),
     Raw(tokio::task::JoinHandle<()>, raw_echo::Addr),
-}
-
-/// A number no other endpoint of this process has.
-fn unique() -> u64 {
-    static UNIQUE: AtomicU64 = AtomicU64::new(0);
-    UNIQUE.fetch_add(1, Ordering::Relaxed)
-}
-
-/// A fresh unix socket path in the temporary directory.
-pub fn unix_path(what: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("volley-compare-{what}-{}-{}.sock", std::process::id(), unique()))
 }
 
 async fn start(target: Target) -> Result<(Running, Endpoint), String> {
@@ -271,17 +225,6 @@ async fn unary_batch<C: load::Caller>(c: C, sc: Scenario, warm: u64, s: &Setting
     let now = Instant::now();
     load::unary_window(c.clone(), warm, sc.concurrency, sc.payload, now + s.warmup).await?;
     load::unary_window(c, sc.requests, sc.concurrency, sc.payload, Instant::now() + s.batch_max).await
-}
-
-/// Pins the calling thread; says so once if the OS refused (the run goes on unpinned).
-pub fn pin(core: Option<CoreId>) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if let Some(core) = core
-        && !core_affinity::set_for_current(core)
-        && !WARNED.swap(true, Ordering::Relaxed)
-    {
-        eprintln!("could not pin a thread to core {}: running unpinned", core.id);
-    }
 }
 
 fn runtime(flavor: Flavor, core: Option<CoreId>, name: &str) -> Result<tokio::runtime::Runtime, String> {

@@ -2,7 +2,8 @@
 
 use crate::output::outln;
 use volley::ClientConfig;
-use volley::registry::{Controller, ControllerConfig, Registry};
+use volley::controller::{Controller, ControllerConfig};
+use volley::registry::Registry;
 
 use crate::refusal;
 

@@ -1,7 +1,8 @@
 //! The built-in echo service.
 
 use volley::bytes::Bytes;
-use volley::registry::{InstanceSpec, LeaseConfig, Registry};
+use volley::discovery::InstanceSpec;
+use volley::registry::{LeaseConfig, Registry};
 use volley::{ClientConfig, Method, Server, ServerBuilder, Status};
 
 use crate::refusal;
@@ -106,10 +107,10 @@ pub fn serve(
     admin: Option<String>,
     security: &Security,
 ) -> Result<(), String> {
-    if !listen.local.is_empty() && registry.is_some() && volley::registry::host_id().is_none() {
+    if !listen.local.is_empty() && registry.is_some() && volley::discovery::host_id().is_none() {
         return Err(format!(
             "--listen-local: this host's id is unknown, so no client could tell it shares the host; set {}",
-            volley::registry::HOST_ID_ENV
+            volley::discovery::HOST_ID_ENV
         ));
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;

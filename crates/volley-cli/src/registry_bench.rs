@@ -22,10 +22,11 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use volley::bytes::Bytes;
-use volley::registry::wire::{REGISTER, RegisterRequest};
-use volley::registry::{
-    Controller, ControllerConfig, InstanceSpec, LeaseConfig, Mode, Registry, ServiceConfig,
-};
+use volley::controller::{Controller, ControllerConfig};
+use volley::discovery::InstanceSpec;
+use volley::discovery::wire::{REGISTER, RegisterRequest};
+use volley::registry::{LeaseConfig, Registry};
+use volley::service_client::{Mode, ServiceConfig};
 use volley::{Client, Server, ServiceClient};
 
 use crate::echo::{ECHO, server_named};

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::output::{out, outln};
 use clap::{Args, ValueEnum};
-use volley::registry::Mode;
+use volley::service_client::Mode;
 use volley_testbed::roles::{Role, RoleSettings};
 use volley_testbed::run::DEFAULT_BATCH;
 use volley_testbed::{CodecKind, Config, CorpusSpec, Setup, Transport};

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use volley::bytes::Bytes;
-use volley::registry::ServiceConfig;
+use volley::service_client::ServiceConfig;
 use volley::{CallOptions, ClientConfig, Keepalive, Method, ServiceClient};
 
 const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");

@@ -41,11 +41,7 @@ pub fn routing() -> Value {
 /// PROTOCOL.md §15.2 as the volley crate computes it, otherwise the seeded form the hash ring
 /// places its points with (§16.6).
 pub fn xxh3(data: &[u8], seed: u64) -> u64 {
-    if seed == 0 {
-        volley::registry::key_hash(data)
-    } else {
-        xxhash_rust::xxh3::xxh3_64_with_seed(data, seed)
-    }
+    if seed == 0 { volley::balance::key_hash(data) } else { xxhash_rust::xxh3::xxh3_64_with_seed(data, seed) }
 }
 
 /// What a run of the cases found: one line per case, `Err` with what went wrong.

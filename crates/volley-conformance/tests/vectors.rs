@@ -6,8 +6,8 @@
 
 use bytes::BytesMut;
 use serde_json::Value;
+use volley::balance::{HashRing, key_hash};
 use volley::proto::{Decoder, FrameBuilder, Limits};
-use volley::registry::{HashRing, key_hash};
 use volley_conformance::json::{build, decode_all, hex, str_of, to_json, u64_of, unhex};
 use volley_conformance::{routing, wire};
 

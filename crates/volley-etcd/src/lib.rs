@@ -1,11 +1,11 @@
-//! The Volley registry on etcd: [`EtcdStore`], a [`volley::registry::Store`] whose state lives
+//! The Volley registry on etcd: [`EtcdStore`], a [`volley::controller::Store`] whose state lives
 //! in an etcd cluster, so that several controllers over one etcd act as one registry and the
 //! registry survives the loss of a machine.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use volley::registry::{Controller, ControllerConfig};
+//! use volley::controller::{Controller, ControllerConfig};
 //! use volley_etcd::{EtcdConfig, EtcdStore};
 //!
 //! let store = EtcdStore::connect(EtcdConfig::parse("etcd://10.0.0.1:2379,10.0.0.2:2379")?).await?;
@@ -52,8 +52,9 @@ use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
-use volley::registry::wire::{ListedInstance, ServiceListing};
-use volley::registry::{Instance, InstanceSpec, Renewal, ServiceState, Store, StoreError, StoreStatus};
+use volley::controller::{Renewal, ServiceState, Store, StoreError, StoreStatus};
+use volley::discovery::wire::{ListedInstance, ServiceListing};
+use volley::discovery::{Instance, InstanceSpec};
 
 /// The etcd v3 API messages and gRPC clients (generated from `proto/etcd.proto`, the part of
 /// etcd's API this crate uses).

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Etcd, wait_for};
-use volley::registry::{
-    Controller, ControllerConfig, InstanceSpec, LeaseConfig, Mode, Registration, Registry, ServiceConfig,
-    Store,
-};
+use volley::controller::{Controller, ControllerConfig, Store};
+use volley::discovery::InstanceSpec;
+use volley::registry::{LeaseConfig, Registration, Registry};
+use volley::service_client::{Mode, ServiceConfig};
 use volley::{Method, Server, ServiceClient};
 use volley_etcd::{EtcdConfig, EtcdStore, pb};
 
@@ -186,7 +186,7 @@ async fn a_server_whose_process_is_killed_disappears_when_its_lease_lapses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd: run scripts/test, which installs it"]
 async fn an_address_taken_by_a_stray_lease_comes_back_to_its_server_when_the_stray_lapses() {
-    use volley::registry::wire::{REGISTER, RegisterRequest};
+    use volley::discovery::wire::{REGISTER, RegisterRequest};
     let etcd = Etcd::start().await;
     let (a, a_addr) = controller(&etcd, "stray").await;
     let registry = Registry::connect(&a_addr).await.unwrap();

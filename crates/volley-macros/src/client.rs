@@ -188,7 +188,7 @@ fn client_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStrea
         pub async fn #scatter(
             &self,
             #arg
-        ) -> ::volley::Result<::std::vec::Vec<::volley::registry::Gathered<#resp>>> where #t: #routed {
+        ) -> ::volley::Result<::std::vec::Vec<::volley::service_client::Gathered<#resp>>> where #t: #routed {
             <#t as #routed>::scatter(&self.inner, #desc, #val, ::core::default::Default::default()).await
         }
     }

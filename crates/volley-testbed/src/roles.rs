@@ -29,8 +29,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
+use volley::balance::{HashRing, hash_key};
 use volley::codec::Json;
-use volley::registry::{HashRing, Mode, Registration, Registry, ServiceConfig, hash_key};
+use volley::registry::{Registration, Registry};
+use volley::service_client::{Mode, ServiceConfig};
 use volley::{CallOptions, Code, Method, Server, ServiceClient, Status};
 
 use crate::analyzer;

@@ -11,7 +11,8 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use volley::ServiceClient;
 use volley::codec::Json;
-use volley::registry::{Controller, ControllerConfig, Mode};
+use volley::controller::{Controller, ControllerConfig};
+use volley::service_client::Mode;
 
 use crate::codec::{Codec, CodecKind, Fast, General};
 use crate::corpus::{CorpusSpec, DocText};

@@ -1,7 +1,7 @@
 //! The engine end to end in one process: sharded index and scatter-gather against the
 //! brute-force scan, over inproc and unix; a corrupted answer is caught and named.
 
-use volley::registry::Mode;
+use volley::service_client::Mode;
 use volley_testbed::report::check;
 use volley_testbed::run::Workload;
 use volley_testbed::search::QueryClass;

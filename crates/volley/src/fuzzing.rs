@@ -180,7 +180,7 @@ pub fn codec_fast(data: &[u8]) {
     let _ = crate::codec::fast::serde_decode::<FuzzDoc>(data);
     let _ = crate::codec::fast::decode::<FuzzHits>(data);
     let b = Bytes::copy_from_slice(data);
-    use crate::registry::wire as w;
+    use crate::discovery::wire as w;
     let _ = <w::RegisterRequest as Wire>::decode(b.clone());
     let _ = <w::Resolved as Wire>::decode(b.clone());
     let _ = <w::Listing as Wire>::decode(b.clone());

@@ -40,24 +40,31 @@
 //! (inproc, unix, tcp, tls; send-side bundling and batch reads), [`codec`] (how values become
 //! bytes), then
 //! [`Client`] and [`Server`]; on top, [`#[volley::service]`](macro@service) (services as
-//! traits, with [`service`](mod@service) for what it generates code against), the [`registry`]
-//! (controller, leases, watches, client ids) and [`ServiceClient`] (calls by service name:
-//! balancing, key routing, failover, scatter-gather). `docs/ARCHITECTURE.md` tells the whole
+//! traits, with [`service`](mod@service) for what it generates code against); the registry's
+//! protocol ([`discovery`]), the [`controller`] that serves it (leases, watches, client ids,
+//! the relay) and the calls every process makes to it ([`registry`]); and [`ServiceClient`]
+//! (calls by service name: [`balance`] — balancing, key routing, outlier ejection — and
+//! [`retry`] — failover, retries under a budget, hedging — and scatter-gather). `docs/ARCHITECTURE.md` tells the whole
 //! story; `docs/SERVICES.md` is the guide to services.
 
 mod admin;
+mod backoff;
+pub mod balance;
 mod chunks;
 mod client;
 pub mod codec;
 mod context;
+pub mod controller;
+pub mod discovery;
 mod error;
 mod liveness;
 mod method;
 mod metrics;
 pub mod registry;
+pub mod retry;
 mod server;
 pub mod service;
-mod stats;
+pub mod service_client;
 mod trace;
 pub mod transport;
 
@@ -89,12 +96,13 @@ pub use context::current_deadline;
 pub use error::{Error, ErrorClass, Result, Status};
 pub use liveness::Keepalive;
 pub use method::Method;
+pub use metrics::stats::Snapshot;
 pub use proto::{Code, Extensions, Limits, ProtocolError, TraceParent};
-pub use registry::{Registry, ServiceClient};
+pub use registry::Registry;
 pub use server::{
     BatchResult, ConcurrencyLimit, ConnectionCounts, Server, ServerBuilder, ServerConfig, current_peer,
 };
-pub use stats::Snapshot;
+pub use service_client::ServiceClient;
 pub use transport::Address;
 
 /// The guide's examples (docs/SERVICES.md) run as doc tests.

@@ -350,8 +350,10 @@ const GUARDED: &str = "hardening-guarded";
 /// before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registering_without_the_credential_is_refused_and_leaves_the_instance_alone() {
-    use volley::registry::wire::{DEREGISTER, LeaseRequest, RENEW};
-    use volley::registry::{Controller, ControllerConfig, InstanceSpec, LeaseConfig, Registry};
+    use volley::controller::{Controller, ControllerConfig};
+    use volley::discovery::InstanceSpec;
+    use volley::discovery::wire::{DEREGISTER, LeaseRequest, RENEW};
+    use volley::registry::{LeaseConfig, Registry};
 
     let config = ControllerConfig::default().registration_credential("reg-s3cret");
     let controller = Controller::new(config);

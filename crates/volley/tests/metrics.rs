@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use volley::registry::{Controller, ControllerConfig, LeaseConfig, Registry};
+use volley::controller::{Controller, ControllerConfig};
+use volley::registry::{LeaseConfig, Registry};
 use volley::{Client, ClientConfig, Code, Error, Method, Server, Status};
 
 /// Sends `request` as it is and returns the status code and the body.
@@ -259,7 +260,7 @@ async fn a_controllers_endpoint_shows_its_services_instances_and_leases() {
     let server = Server::builder().handle_fn(&PING, Ok).build();
     let addr = server.listen("tcp://127.0.0.1:0").await.unwrap();
     let lease = LeaseConfig::default();
-    let spec = volley::registry::InstanceSpec::new("registry-shown", addr.to_string());
+    let spec = volley::discovery::InstanceSpec::new("registry-shown", addr.to_string());
     let _registration = registry.register(&server, vec![spec], lease).await.unwrap();
 
     let v = vars(admin).await;

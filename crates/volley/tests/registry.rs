@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use volley::registry::wire::{LIST, REGISTER, RegisterRequest};
-use volley::registry::{
-    Balance, Controller, ControllerConfig, HashRing, InstanceSpec, LeaseConfig, Mode, Registry,
-    ServiceConfig, key_hash, merge_sorted,
-};
+use volley::balance::{Balance, HashRing, key_hash};
+use volley::controller::{Controller, ControllerConfig};
+use volley::discovery::InstanceSpec;
+use volley::discovery::wire::{LIST, REGISTER, RegisterRequest};
+use volley::registry::{LeaseConfig, Registry};
+use volley::service_client::{Mode, ServiceConfig, merge_sorted};
 use volley::{CallOptions, Client, Code, Error, Method, Server, ServiceClient, Status};
 
 /// `who`: the name of the instance that answered.
@@ -853,7 +854,7 @@ async fn balancing_spreads_calls_and_counters_match_the_wire() {
     assert!(listing.services[0].instances.iter().all(|i| i.expires_in_ms > 0 && i.lease_ttl_ms == 10_000));
     let raw = Client::connect(&reg_addr).await.unwrap();
     let again = raw.call(&LIST, ()).await.unwrap();
-    let instances = |l: &volley::registry::Listing| -> Vec<volley::registry::Instance> {
+    let instances = |l: &volley::discovery::Listing| -> Vec<volley::discovery::Instance> {
         l.services.iter().flat_map(|s| s.instances.iter().map(|i| i.instance.clone())).collect()
     };
     assert_eq!((again.epoch, instances(&again)), (listing.epoch, instances(&listing)));
@@ -869,12 +870,12 @@ async fn the_embedded_registry_needs_nothing_else() {
     // The only test in this binary that uses the default address.
     let server = instance("solo", Arc::default());
     let addr = server.listen(&format!("inproc://{}", unique("embedded"))).await.unwrap();
-    let registry = Registry::connect(volley::registry::DEFAULT_REGISTRY).await.unwrap();
+    let registry = Registry::connect(volley::discovery::DEFAULT_REGISTRY).await.unwrap();
     register(&registry, &server, &addr.to_string(), LeaseConfig::default()).await;
-    let client = ServiceClient::connect(volley::registry::DEFAULT_REGISTRY).await.unwrap();
+    let client = ServiceClient::connect(volley::discovery::DEFAULT_REGISTRY).await.unwrap();
     assert_eq!(client.call(&WHO, 0).await.unwrap(), "solo");
     assert_ne!(client.client_id(), registry.client_id());
-    let controller = volley::registry::embedded().await.unwrap().expect("the embedded controller runs");
+    let controller = volley::controller::embedded().await.unwrap().expect("the embedded controller runs");
     assert!(controller.is_serving());
     server.shutdown().await;
     // The watch brought the (empty) update and was issued again...

@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use volley::bytes::{Bytes, BytesMut};
 use volley::codec::BitcodeSerde;
-use volley::registry::wire::{
+use volley::controller::{Controller, ControllerConfig};
+use volley::discovery::wire::{
     self, ControllerInfo, Instance, InstanceSpec, LeaseRequest, Listing, RegisterRequest, Registered,
     RelayReply, RelayRequest, Renewed, Resolved, Target, WatchRequest,
 };
-use volley::registry::{Controller, ControllerConfig};
 use volley::{Client, Code, Error, Method, Server, Status, Wire};
 
 /// The ```` ```json TYPE ```` blocks of PROTOCOL.md §16: (type name, the JSON text).
@@ -156,7 +156,7 @@ fn the_relay_layout_matches_its_examples() {
         service: "echo".into(),
         method: "echo".into(),
         idempotent: true,
-        target: Target::Key(volley::registry::key_hash(b"izenesoft")),
+        target: Target::Key(volley::balance::key_hash(b"izenesoft")),
         timeout_ms: 1500,
         payload: Bytes::from_static(b"hi"),
     };

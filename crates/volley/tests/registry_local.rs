@@ -13,10 +13,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use volley::bytes::Bytes;
 use volley::codec::Json;
-use volley::registry::wire::{self, Instance};
-use volley::registry::{
-    Controller, ControllerConfig, InstanceSpec, LeaseConfig, Registry, ServiceConfig, host_id,
-};
+use volley::controller::{Controller, ControllerConfig};
+use volley::discovery::wire::{self, Instance};
+use volley::discovery::{InstanceSpec, host_id};
+use volley::registry::{LeaseConfig, Registry};
+use volley::service_client::ServiceConfig;
 use volley::{CallOptions, Client, Code, Error, Method, Server, ServiceClient, Wire, current_peer};
 
 /// Answers with the peer the server saw: `tcp://…` for a tcp connection, `shm peer …` for a

@@ -7,10 +7,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use volley::registry::wire::{ALLOC_CLIENT_ID, INFO, LIST, REGISTER, RELEASE_CLIENT_ID, RegisterRequest};
-use volley::registry::{
-    Controller, ControllerConfig, InstanceSpec, LeaseConfig, MemoryStore, Mode, Registry, ServiceConfig,
-};
+use volley::controller::{Controller, ControllerConfig, MemoryStore};
+use volley::discovery::InstanceSpec;
+use volley::discovery::wire::{ALLOC_CLIENT_ID, INFO, LIST, REGISTER, RELEASE_CLIENT_ID, RegisterRequest};
+use volley::registry::{LeaseConfig, Registry};
+use volley::service_client::{Mode, ServiceConfig};
 use volley::{Client, Code, Error, ErrorClass, Method, Server, ServiceClient};
 
 const WHO: Method<u64, String> = Method::new("truth", "who");

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use volley::registry::{
-    Balance, Controller, ControllerConfig, Hedge, InstanceSpec, LeaseConfig, Outliers, Registry, RetryBudget,
-    ServiceConfig,
-};
+use volley::balance::{Balance, Outliers};
+use volley::controller::{Controller, ControllerConfig};
+use volley::discovery::InstanceSpec;
+use volley::registry::{LeaseConfig, Registry};
+use volley::retry::{Hedge, RetryBudget};
+use volley::service_client::ServiceConfig;
 use volley::{CallOptions, Code, Method, Server, ServiceClient, Status};
 
 const WORK: Method<u64, u64> = Method::new("work", "run");

@@ -6,7 +6,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use volley::registry::{Controller, ControllerConfig, HashRing, Registry, ServiceConfig, hash_key};
+use volley::balance::{HashRing, hash_key};
+use volley::controller::{Controller, ControllerConfig};
+use volley::registry::Registry;
+use volley::service_client::ServiceConfig;
 use volley::{BatchOptions, Error, Server, ServiceClient, Status};
 
 /// One shard of a sharded service: it knows its own name.

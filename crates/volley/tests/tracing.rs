@@ -17,10 +17,11 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
+use volley::controller::{Controller, ControllerConfig};
+use volley::discovery::InstanceSpec;
 use volley::proto::{Decoder, Extensions, FrameBuilder, Limits, Message, PREAMBLE};
-use volley::registry::{
-    Controller, ControllerConfig, InstanceSpec, LeaseConfig, Mode, Registry, ServiceConfig,
-};
+use volley::registry::{LeaseConfig, Registry};
+use volley::service_client::{Mode, ServiceConfig};
 use volley::{Client, Method, Server, ServiceClient, TraceParent};
 
 #[path = "support/old_server.rs"]

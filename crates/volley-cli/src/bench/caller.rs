@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use volley::bytes::Bytes;
-use volley::registry::{Mode, ServiceConfig};
+use volley::service_client::{Mode, ServiceConfig};
 use volley::{BatchOptions, Client, Method, ServiceClient, Snapshot};
 
 use super::api::Api;

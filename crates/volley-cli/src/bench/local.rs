@@ -2,7 +2,9 @@
 //! and in registry modes a controller it registers with.
 
 use volley::bytes::Bytes;
-use volley::registry::{Controller, ControllerConfig, InstanceSpec, LeaseConfig, Registry};
+use volley::controller::{Controller, ControllerConfig};
+use volley::discovery::InstanceSpec;
+use volley::registry::{LeaseConfig, Registry};
 use volley::{Server, ServerBuilder};
 
 use super::api::Api;

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use volley::registry::{InstanceSpec, LeaseConfig, Registry};
+use volley::discovery::InstanceSpec;
+use volley::registry::{LeaseConfig, Registry};
 use volley::{Method, Server};
 
 #[tokio::main(flavor = "current_thread")]

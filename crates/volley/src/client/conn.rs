@@ -8,16 +8,16 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::flow::{FlowControl, FlowLimits, InFlightBytes};
-use super::pending::{Inserted, Pending, Reply, waiter};
+use super::pending::{Inserted, Outcome, Pending, Reply, Waiter, waiter};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::{Action, Keepalive, Liveness};
 use crate::method::Method;
+use crate::metrics::stats::Counters;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
 use crate::proto::extensions::FEATURE_EXTENSIONS;
 use crate::proto::message::as_str;
 use crate::proto::{Code, Extensions, ItemResult, Limits, Message, TraceParent};
-use crate::stats::Counters;
 use crate::transport::outbox::{Outbox, lifo_runtime};
 use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::stream::ByteStream;
@@ -76,6 +76,20 @@ pub(crate) struct ConnOptions {
     pub preamble_within: Duration,
 }
 
+/// What the read loop keeps from one turn to the next.
+#[derive(Default)]
+struct Turn {
+    /// The messages of the turn being read.
+    batch: Vec<Message>,
+    /// Waiters and their outcomes, completed outside the pending table's lock.
+    done: Vec<(Waiter, Outcome)>,
+    /// The reason the server gave before closing, if it did. Calls still pending then were
+    /// never started by the server: it answers everything it started before saying goodbye.
+    go_away: Option<String>,
+    /// The server refused this client (its go-away said `Unauthenticated`).
+    refused: bool,
+}
+
 /// Deadlines without a timer per call: each waiter's deadline sits in the pending table, and
 /// one sweeper task per connection sleeps until the earliest one. Callers wake the sweeper
 /// only when they bring an earlier deadline than the one it sleeps towards (the table decides,
@@ -85,8 +99,9 @@ pub(crate) struct ConnOptions {
 /// Hand-written because a tokio timer per call (register, deregister, a clock read each) cost
 /// about 15% of the client's CPU time in the echo benchmark.
 ///
-/// Deadlines use the coarse monotonic clock (about 14 ns a read here, against 60–80 ns for
-/// `std::time::Instant` on this VM's TSC). It ticks every 1–4 ms, but lags the precise clock
+/// Deadlines use the coarse monotonic clock (about 14 ns a read on the development machines,
+/// against 60–80 ns for `std::time::Instant` where the clock source is a virtual machine's
+/// TSC). It ticks every 1–4 ms, but lags the precise clock
 /// whenever the kernel's tick is late: under heavy CPU steal it lagged by up to 65 ms, and a
 /// deadline taken at such a moment fires that much early in real time.
 #[derive(Default)]
@@ -225,102 +240,123 @@ impl StreamConn {
         mut reader: FrameReader<R>,
         preamble_within: Duration,
     ) {
-        let mut batch = Vec::new();
-        let mut done = Vec::new();
-        // The reason the server gave before closing, if it did. Calls still pending then were
-        // never started by the server: it answers everything it started before saying goodbye.
-        let mut go_away: Option<String> = None;
-        let mut refused = false;
         // One wait for the connection's failure for its whole life: a new one per turn joined
         // and left the token's waiter list (a lock each time), ~190 instructions per read.
         let dead = self.dead.cancelled();
         tokio::pin!(dead);
-        // The preamble is read on its own, before any frame: calls that have extensions to
-        // send wait for it (`features`), and must not also wait for the server's first frame.
-        // It reads as an empty turn: a closed or broken stream ends the loop below. Without a
-        // bound here, a call waiting for it (and the keepalive, which counts only calls sent)
-        // would wait out the call's whole timeout on a server that accepted and never answers.
         let mut read = tokio::select! {
-            r = tokio::time::timeout(preamble_within, reader.preamble()) => match r {
-                Ok(r) => r,
-                Err(_) => {
-                    let why = format!("{}: no preamble from the server within {preamble_within:?}", self.peer);
-                    tracing::warn!(peer = %self.peer, "connection dead: the server sent no preamble");
-                    return self.fail(Error::Connection(why));
-                }
+            r = self.read_preamble(&mut reader, preamble_within) => match r {
+                Some(r) => r,
+                None => return,
             },
             () = &mut dead => return,
         };
-        self.peer_extensions.store(reader.peer_features() & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
-        self.preamble_read.store(true, Ordering::Release);
-        self.preamble_event.cancel();
+        let mut turn = Turn::default();
         let err = loop {
             self.reads.fetch_add(1, Ordering::Relaxed);
-            match read {
-                Ok(true) => {}
-                Ok(false) if refused => {
-                    let why = go_away.as_deref().unwrap_or("refused");
-                    break Error::Unauthenticated(format!("{}: {why}", self.peer));
-                }
-                Ok(false) => {
-                    let why = go_away.as_deref().unwrap_or("closed the connection");
-                    break Error::Connection(format!("{}: {why}", self.peer));
-                }
-                Err(ReadError::Protocol(e)) => {
-                    tracing::warn!(peer = %self.peer, error = %e, "closing connection: server broke the protocol");
-                    let _ = self.outbox.push(|fb| fb.go_away(Code::Protocol, &e.to_string()));
-                    break Error::Protocol(e);
-                }
-                Err(e) if refused => break Error::Unauthenticated(format!("{}: {e}", self.peer)),
-                Err(e) => break Error::Connection(format!("{}: {e}", self.peer)),
+            if let Some(err) = self.ended(read, &turn) {
+                break err;
             }
-            let mut pings = Vec::new();
-            let replies = batch.drain(..).filter_map(|m| match m {
-                Message::Reply { id, payload } => Some((id, Ok(Reply::One(payload)))),
-                Message::BatchReply { id, items } => Some((id, Ok(Reply::Batch(items)))),
-                Message::Error { id, code, message } => {
-                    Some((id, Err(Error::Remote(Status::new(code, as_str(&message))))))
-                }
-                Message::Ping { token } => {
-                    pings.push(token);
-                    None
-                }
-                Message::GoAway { code, message } => {
-                    refused |= code == Code::Unauthenticated;
-                    go_away = Some(format!("server going away ({code}): {}", as_str(&message)));
-                    None
-                }
-                Message::Auth { .. }
-                | Message::Pong { .. }
-                | Message::Request { .. }
-                | Message::BatchRequest { .. }
-                | Message::Cancel { .. } => None,
-            });
-            let late = self.pending.take_batch(replies, &mut done);
-            if late > 0 {
-                tracing::trace!(late, "dropped replies nobody waits for (timed out)");
-            }
-            if let Some(reason) = &go_away {
-                // Before waking anyone: a caller woken by this batch must not send its next
-                // call on a connection the server is closing.
-                self.alive.store(false, Ordering::Relaxed);
-                tracing::debug!(peer = %self.peer, %reason);
-            }
-            for (waiter, outcome) in done.drain(..) {
-                waiter.send(outcome);
-            }
-            if !pings.is_empty() {
-                let _ = self.outbox.push(|fb| pings.iter().for_each(|&t| fb.pong(t)));
-            }
+            self.deliver(&mut turn);
             read = tokio::select! {
                 // The read first: the failure is looked at only when there is nothing to read.
                 biased;
-                r = reader.read_batch(&mut batch, usize::MAX, &self.counters) => r,
+                r = reader.read_batch(&mut turn.batch, usize::MAX, &self.counters) => r,
                 // Failed elsewhere (keepalive, writer): `fail` already ended every call.
                 () = &mut dead => return,
             };
         };
         self.fail(err);
+    }
+
+    /// Reads the server's preamble on its own, before any frame: calls that have extensions to
+    /// send wait for it (`features`), and must not also wait for the server's first frame. It
+    /// reads as an empty turn: a closed or broken stream ends the read loop. Without a bound
+    /// here, a call waiting for it (and the keepalive, which counts only calls sent) would wait
+    /// out the call's whole timeout on a server that accepted and never answers; `None` when
+    /// that bound passed (the connection has failed).
+    async fn read_preamble<R: crate::transport::stream::ReadHalf>(
+        &self,
+        reader: &mut FrameReader<R>,
+        within: Duration,
+    ) -> Option<Result<bool, ReadError>> {
+        let Ok(read) = tokio::time::timeout(within, reader.preamble()).await else {
+            let why = format!("{}: no preamble from the server within {within:?}", self.peer);
+            tracing::warn!(peer = %self.peer, "connection dead: the server sent no preamble");
+            self.fail(Error::Connection(why));
+            return None;
+        };
+        self.peer_extensions.store(reader.peer_features() & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
+        self.preamble_read.store(true, Ordering::Release);
+        self.preamble_event.cancel();
+        Some(read)
+    }
+
+    /// The error that ends the connection after `read`, if it ended it (the stream closed or
+    /// broke, or the server broke the protocol).
+    fn ended(&self, read: Result<bool, ReadError>, turn: &Turn) -> Option<Error> {
+        Some(match read {
+            Ok(true) => return None,
+            Ok(false) if turn.refused => {
+                let why = turn.go_away.as_deref().unwrap_or("refused");
+                Error::Unauthenticated(format!("{}: {why}", self.peer))
+            }
+            Ok(false) => {
+                let why = turn.go_away.as_deref().unwrap_or("closed the connection");
+                Error::Connection(format!("{}: {why}", self.peer))
+            }
+            Err(ReadError::Protocol(e)) => {
+                tracing::warn!(peer = %self.peer, error = %e, "closing connection: server broke the protocol");
+                let _ = self.outbox.push(|fb| fb.go_away(Code::Protocol, &e.to_string()));
+                Error::Protocol(e)
+            }
+            Err(e) if turn.refused => Error::Unauthenticated(format!("{}: {e}", self.peer)),
+            Err(e) => Error::Connection(format!("{}: {e}", self.peer)),
+        })
+    }
+
+    /// Hands the turn's replies to their callers, answers the server's pings, and takes note of
+    /// a go-away.
+    fn deliver(&self, turn: &mut Turn) {
+        let mut pings = Vec::new();
+        let Turn { batch, done, go_away, refused } = turn;
+        let replies = batch.drain(..).filter_map(|m| match m {
+            Message::Reply { id, payload } => Some((id, Ok(Reply::One(payload)))),
+            Message::BatchReply { id, items } => Some((id, Ok(Reply::Batch(items)))),
+            Message::Error { id, code, message } => {
+                Some((id, Err(Error::Remote(Status::new(code, as_str(&message))))))
+            }
+            Message::Ping { token } => {
+                pings.push(token);
+                None
+            }
+            Message::GoAway { code, message } => {
+                *refused |= code == Code::Unauthenticated;
+                *go_away = Some(format!("server going away ({code}): {}", as_str(&message)));
+                None
+            }
+            Message::Auth { .. }
+            | Message::Pong { .. }
+            | Message::Request { .. }
+            | Message::BatchRequest { .. }
+            | Message::Cancel { .. } => None,
+        });
+        let late = self.pending.take_batch(replies, done);
+        if late > 0 {
+            tracing::trace!(late, "dropped replies nobody waits for (timed out)");
+        }
+        if let Some(reason) = go_away {
+            // Before waking anyone: a caller woken by this batch must not send its next call on
+            // a connection the server is closing.
+            self.alive.store(false, Ordering::Relaxed);
+            tracing::debug!(peer = %self.peer, %reason);
+        }
+        for (waiter, outcome) in done.drain(..) {
+            waiter.send(outcome);
+        }
+        if !pings.is_empty() {
+            let _ = self.outbox.push(|fb| pings.iter().for_each(|&t| fb.pong(t)));
+        }
     }
 
     /// Sends one request and waits for its reply. `sending`: the call's timeout, and the trace

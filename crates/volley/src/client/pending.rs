@@ -44,8 +44,8 @@ pub(crate) type Waiter = Completer<Outcome, OutcomeSlots>;
 /// The caller's side of a waiter.
 pub(crate) type Waiting = Completion<Outcome, OutcomeSlots>;
 
-/// Completion slots come from an object pool (they used to be a tokio oneshot: an `Arc`
-/// allocated per call).
+/// Completion slots come from an object pool, so a call allocates nothing for its waiter (a
+/// tokio oneshot would allocate an `Arc` per call).
 pub(crate) struct OutcomeSlots;
 
 static SLOTS: ObjectPool<Slot<Outcome>> = slot_pool();

@@ -1,10 +1,13 @@
 //! Metrics kept by the library: per (service, method) on servers and clients, per server
-//! (connections, transport, overload), and the registry's when the server is a controller.
+//! (connections, transport, overload), and the registry's when the server is a controller, and the transport counters of every
+//! connection.
 //!
 //! - `histogram.rs` — the lock-free histogram recorded on every call or batch;
 //! - `method.rs` — one method's counters and histograms, and the client's per-call meter;
 //! - `client.rs` — the process-wide table of the methods this process calls;
-//! - `scrape.rs` — everything read at one moment (what `/metrics` and `/vars.json` show);
+//! - `stats.rs` — a connection's transport counters and their shapes (messages per frame);
+//! - `scrape.rs` — everything read at one moment (what `/metrics` and `/vars.json` show), and
+//!   the traits through which the server and the controller hand over their sections;
 //! - `prometheus.rs` — a scrape in the Prometheus text format (the `prometheus-client` crate's
 //!   encoder); `vars.rs` — a scrape as JSON, with rates and quantiles over the last seconds.
 //!
@@ -18,6 +21,8 @@ pub(crate) mod histogram;
 pub(crate) mod method;
 pub(crate) mod prometheus;
 pub(crate) mod scrape;
+pub(crate) mod stats;
 pub(crate) mod vars;
 
 pub(crate) use method::{CallMeter, Meter, MethodMetrics, Timing};
+pub use scrape::ConnectionCounts;

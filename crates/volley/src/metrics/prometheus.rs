@@ -53,7 +53,7 @@ impl Collector for Collect {
         methods(&mut enc, "client", &s.client)?;
         server(&mut enc, s)?;
         if let Some(r) = &s.registry {
-            let st = &r.stats;
+            let st = &r.counters;
             gauge(
                 &mut enc,
                 "volley_registry_services",

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+
 use super::histogram;
 use super::method::{MethodMetrics, MethodSnapshot};
-use crate::registry::ControllerStats;
-use crate::registry::wire::ServiceListing;
-use crate::server::ConnectionCounts;
-use crate::stats::Snapshot;
+use super::stats::Snapshot;
 
 /// One method's metrics, named.
 #[derive(Clone)]
@@ -58,10 +57,64 @@ pub(crate) struct Expiries {
     pub in_handler: u64,
 }
 
-/// A controller's registry.
+/// A server's connections at one moment (see [`Server::connections`](crate::Server::connections)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionCounts {
+    /// Connections being served (past their handshake and preamble).
+    pub served: usize,
+    /// Connections still opening: in their TLS handshake, or before the client's preamble.
+    pub opening: usize,
+    /// Opening connections closed so far to make room for newer ones (the handshake bound was
+    /// full).
+    pub opening_evicted: u64,
+}
+
+/// A layer built on a server that has more to show (the registry of a controller): it hands
+/// its section to the admin endpoint through this, so that metrics/ names nothing above it.
+pub(crate) trait RegistrySource: Send + Sync + 'static {
+    /// The registry now (`None` once it is gone); `server` is the server's transport counters.
+    fn registry(&self, server: Snapshot) -> BoxFuture<'_, Option<RegistryScrape>>;
+}
+
+/// A controller's registry, as the controller hands it over.
 pub(crate) struct RegistryScrape {
-    pub services: Vec<ServiceListing>,
-    pub stats: ControllerStats,
+    pub services: Vec<ServiceRow>,
+    /// The controller's counters (`ControllerStats`) as `/vars.json` shows them.
+    pub stats: serde_json::Value,
+    /// The counters `/metrics` exports.
+    pub counters: RegistryCounters,
+}
+
+/// A service as the registry lists it.
+pub(crate) struct ServiceRow {
+    pub name: String,
+    pub revision: u64,
+    pub instances: Vec<InstanceRow>,
+}
+
+/// An instance as the registry lists it, with its lease.
+pub(crate) struct InstanceRow {
+    pub id: u64,
+    pub lease: u64,
+    pub service: String,
+    pub address: String,
+    pub weight: u32,
+    pub metadata: std::collections::BTreeMap<String, String>,
+    pub lease_ttl_ms: u64,
+    /// Milliseconds until the lease lapses unless renewed.
+    pub expires_in_ms: u64,
+}
+
+/// The registry's counters that `/metrics` exports.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct RegistryCounters {
+    pub lease_renewals: u64,
+    pub expired_instances: u64,
+    pub watch_events: u64,
+    pub resolves: u64,
+    pub relayed_calls: u64,
+    pub client_ids_held: u64,
 }
 
 /// Everything at one moment.

@@ -12,8 +12,7 @@ use serde_json::{Value, json};
 
 use super::histogram::Snapshot;
 use super::method::{ERROR_LABELS, MethodSnapshot};
-use super::scrape::{Named, Scrape};
-use crate::registry::wire::ServiceListing;
+use super::scrape::{Named, Scrape, ServiceRow};
 
 /// Snapshots kept: the window of recent rates is up to this many seconds.
 const WINDOW: usize = 5;
@@ -89,19 +88,18 @@ impl Window {
 
 /// A service as the registry lists it, ids as strings: they are random 64-bit numbers, which
 /// JavaScript's numbers (the status page's) would round.
-fn service(s: &ServiceListing) -> Value {
+fn service(s: &ServiceRow) -> Value {
     let instances: Vec<Value> = s
         .instances
         .iter()
-        .map(|li| {
-            let i = &li.instance;
+        .map(|i| {
             json!({
                 "instance": {
                     "id": i.id.to_string(), "lease": i.lease.to_string(), "service": i.service,
                     "address": i.address, "weight": i.weight, "metadata": i.metadata,
                 },
-                "lease_ttl_ms": li.lease_ttl_ms,
-                "expires_in_ms": li.expires_in_ms,
+                "lease_ttl_ms": i.lease_ttl_ms,
+                "expires_in_ms": i.expires_in_ms,
             })
         })
         .collect();

@@ -49,6 +49,8 @@ mod tests {
         let mut v2 = PREAMBLE;
         v2[4] = 2;
         assert_eq!(check(&v2), Err(ProtocolError::UnsupportedVersion(2)));
+        let text = ProtocolError::UnsupportedVersion(2).to_string();
+        assert!(text.ends_with(&format!("(this side speaks {VERSION})")), "{text}");
         let mut reserved = PREAMBLE;
         reserved[7] = 9;
         assert_eq!(check(&reserved), Ok(0), "reserved bytes are ignored");

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::backoff::ReconnectGate;
-use super::wire::*;
+use crate::backoff::ReconnectGate;
 use crate::client::{CallOptions, Client, ClientConfig};
 use crate::codec::Wire;
+use crate::discovery::DEFAULT_REGISTRY;
+use crate::discovery::wire::*;
 use crate::error::Error;
 use crate::method::Method;
-use crate::stats::Snapshot;
+use crate::metrics::stats::Snapshot;
 
 /// Extra time a registry call gets beyond what the controller may hold it for (long polls,
 /// relayed calls), so the controller's answer, not our deadline, ends it.
@@ -25,7 +26,7 @@ const MARGIN: Duration = Duration::from_secs(5);
 /// On first contact the registry hands out a client id (unique among its clients); the
 /// connection that asked is then replaced by one whose request ids carry that id, so every
 /// request this client sends after first contact — to the controller or, through a
-/// [`ServiceClient`](super::ServiceClient), to any instance — has an id unique across the
+/// [`ServiceClient`](crate::ServiceClient), to any instance — has an id unique across the
 /// registry's clients. The id is given back when the last clone is dropped.
 ///
 /// **Several controllers.** The address may be a comma-separated list
@@ -100,7 +101,7 @@ impl RegistryStats {
 }
 
 impl Registry {
-    /// Connects to the controller at `addr`. For [`DEFAULT_REGISTRY`](super::DEFAULT_REGISTRY)
+    /// Connects to the controller at `addr`. For [`DEFAULT_REGISTRY`]
     /// the embedded controller is started if nothing serves it yet.
     pub async fn connect(addr: &str) -> Result<Registry, Error> {
         Registry::connect_with(addr, ClientConfig::default()).await
@@ -118,8 +119,8 @@ impl Registry {
                 reason: "no controller address".into(),
             });
         }
-        if controllers.iter().any(|a| a == super::DEFAULT_REGISTRY) {
-            super::ensure_embedded().await?;
+        if controllers.iter().any(|a| a == DEFAULT_REGISTRY) {
+            crate::controller::embedded().await?;
         }
         // First contact: ask for a client id over a connection whose own id is process-local,
         // from the first controller that answers.
@@ -184,7 +185,7 @@ impl Registry {
 
     /// The registration credential presented when registering, renewing and deregistering
     /// instances through this connection (see
-    /// [`ControllerConfig::registration_credential`](super::ControllerConfig)). Applies to the
+    /// [`ControllerConfig::registration_credential`](crate::controller::ControllerConfig)). Applies to the
     /// clones of this `Registry` too.
     pub fn set_registration_credential(&self, credential: impl Into<String>) {
         *self.inner.credential.write() = credential.into();
@@ -224,7 +225,7 @@ impl Registry {
             transport: {
                 let mut t = i.bootstrap_transport;
                 for c in i.clients.lock().iter().flatten() {
-                    super::pool_stats::add_snapshot(&mut t, &c.counters());
+                    t.add(&c.counters());
                 }
                 t
             },

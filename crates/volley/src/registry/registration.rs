@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::connection::Registry;
-use super::wire::{InstanceSpec, RegisterRequest, Registered};
+use crate::discovery::wire::{InstanceSpec, RegisterRequest, Registered};
 use crate::error::Error;
 use crate::server::Server;
 use crate::transport::Address;
@@ -30,7 +30,7 @@ pub struct LeaseConfig {
 
 impl Default for LeaseConfig {
     fn default() -> Self {
-        LeaseConfig { ttl: super::DEFAULT_TTL, renew_every: None, retry_every: None }
+        LeaseConfig { ttl: crate::discovery::DEFAULT_TTL, renew_every: None, retry_every: None }
     }
 }
 
@@ -139,7 +139,7 @@ fn check_spec(spec: &InstanceSpec) -> Result<(), String> {
             "{}@{}: local addresses need a host id (InstanceSpec::local_address sets this host's, if it is known; {} sets it)",
             spec.service,
             spec.address,
-            super::HOST_ID_ENV
+            crate::discovery::HOST_ID_ENV
         ));
     }
     spec.check()?;

@@ -99,9 +99,9 @@ impl Admission {
         (op.pending.len(), op.evicted)
     }
 
-    pub(crate) fn counts(&self) -> super::ConnectionCounts {
+    pub(crate) fn counts(&self) -> crate::metrics::ConnectionCounts {
         let (opening, evicted) = self.opening_counts();
-        super::ConnectionCounts { served: self.served(), opening, opening_evicted: evicted }
+        crate::metrics::ConnectionCounts { served: self.served(), opening, opening_evicted: evicted }
     }
 }
 

@@ -8,9 +8,10 @@ use std::time::Duration;
 use subtle::ConstantTimeEq;
 use tokio_util::task::TaskTracker;
 
-use super::Shared;
 use super::admission::{OpeningTicket, Served};
 use super::dispatch::{Conn, Dispatch};
+use super::peer::Peer;
+use super::shared::Shared;
 use crate::liveness::{Action, Liveness};
 use crate::proto::{Code, Message, ProtocolError, SERVER_PREAMBLE};
 use crate::transport::outbox::Outbox;
@@ -114,17 +115,41 @@ async fn serve(
     _served: Served,
 ) {
     let outbox = Arc::new(Outbox::new(shared.config.limits));
-    let mut writer = {
+    let writer = {
         let (outbox, shared) = (outbox.clone(), shared.clone());
         tokio::spawn(async move { outbox.write_loop(wr, &shared.counters, false).await })
     };
     // Handler batches that did not finish on their first poll run as tasks tracked here, so
     // the connection closes only after their replies are queued.
     let inflight = TaskTracker::new();
-    let mut batch = Vec::new();
     // Layers above see the connection close when this function returns (the guard drops).
-    let (peer_scope, _closes_with_serve) = super::Peer::open(&peer);
-    let mut dispatch = Dispatch::new(peer_scope);
+    let (peer_scope, _closes_with_serve) = Peer::open(&peer);
+    let end = turns(&shared, &mut reader, &outbox, &inflight, Dispatch::new(peer_scope)).await;
+    inflight.close();
+    tokio::select! {
+        _ = inflight.wait() => {}
+        // Past the drain deadline the handler tasks drop their work (see `Dispatch::start`).
+        _ = shared.abort.cancelled() => inflight.wait().await,
+    }
+    say_why(&end, &outbox, &peer);
+    outbox.close();
+    flush(&shared, &outbox, writer, &peer).await;
+    if !matches!(end, End::PeerClosed | End::Io(_) | End::Dead) {
+        // We closed first, with a go-away: let the peer read it before the socket goes.
+        reader.drain(LINGER).await;
+    }
+}
+
+/// The connection's turns: read a batch, check the peer's credential once, dispatch it; keep
+/// the connection alive; until the peer or the server ends it.
+async fn turns(
+    shared: &Arc<Shared>,
+    reader: &mut FrameReader<StreamRead>,
+    outbox: &Arc<Outbox>,
+    inflight: &TaskTracker,
+    mut dispatch: Dispatch,
+) -> End {
+    let mut batch = Vec::new();
     let mut authenticated = shared.config.tokens.is_empty();
     // Keepalive counts reads (no clock read per batch); its timer wakes the loop to decide.
     let mut liveness = shared.config.keepalive.map(|k| Liveness::new(k, Instant::now().into_std()));
@@ -137,7 +162,7 @@ async fn serve(
     let shutdown = shared.shutdown.cancelled();
     tokio::pin!(shutdown);
     let mut reads = 0u64;
-    let end = loop {
+    loop {
         let read = tokio::select! {
             biased;
             r = async {
@@ -145,7 +170,7 @@ async fn serve(
                 outbox.wait_queued_below(MAX_UNSENT).await;
                 reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters).await
             } => r,
-            () = &mut shutdown => break End::Shutdown,
+            () = &mut shutdown => return End::Shutdown,
             () = &mut tick, if liveness.is_some() => {
                 let live = liveness.as_mut().expect("checked by the branch condition");
                 match live.poll(Instant::now().into_std(), reads) {
@@ -153,7 +178,7 @@ async fn serve(
                     Action::Ping => {
                         let _ = outbox.push(|fb| fb.ping(reads));
                     }
-                    Action::Dead => break End::Dead,
+                    Action::Dead => return End::Dead,
                 }
                 tick.as_mut().reset(Instant::from_std(live.deadline()));
                 continue;
@@ -168,28 +193,26 @@ async fn serve(
                             authenticated = true;
                             batch.remove(0);
                         }
-                        Err(why) => break End::Unauthenticated(why),
+                        Err(why) => return End::Unauthenticated(why),
                     }
                 }
                 let write_now = !reader.mid_frame();
-                let conn = Conn { shared: &shared, outbox: &outbox, inflight: &inflight, write_now };
+                let conn = Conn { shared, outbox, inflight, write_now };
                 if let Err(e) = dispatch.run(&conn, &mut batch) {
-                    break End::Protocol(e);
+                    return End::Protocol(e);
                 }
             }
-            Ok(false) => break End::PeerClosed,
-            Err(ReadError::Protocol(e)) => break End::Protocol(e),
-            Err(e @ ReadError::Stalled(_)) => break End::Stalled(e.to_string()),
-            Err(e) => break End::Io(e.to_string()),
+            Ok(false) => return End::PeerClosed,
+            Err(ReadError::Protocol(e)) => return End::Protocol(e),
+            Err(e @ ReadError::Stalled(_)) => return End::Stalled(e.to_string()),
+            Err(e) => return End::Io(e.to_string()),
         }
-    };
-    inflight.close();
-    tokio::select! {
-        _ = inflight.wait() => {}
-        // Past the drain deadline the handler tasks drop their work (see `Dispatch::start`).
-        _ = shared.abort.cancelled() => inflight.wait().await,
     }
-    match &end {
+}
+
+/// Logs why the connection ends and, where the server ends it, queues the go-away that says so.
+fn say_why(end: &End, outbox: &Outbox, peer: &str) {
+    match end {
         End::PeerClosed => tracing::debug!(%peer, "peer closed the connection"),
         End::Shutdown => {
             let _ = outbox.push(|fb| fb.go_away(Code::ShuttingDown, "server is shutting down"));
@@ -209,10 +232,17 @@ async fn serve(
             let _ = outbox.push(|fb| fb.go_away(Code::Unauthenticated, why));
         }
     }
-    outbox.close();
-    // The writer finishes what is queued, unless the peer stops reading: one that takes no
-    // byte for a read timeout (it may have half-closed and gone) must not hold the task and
-    // its unsent replies forever.
+}
+
+/// Lets the writer finish what is queued, unless the peer stops reading: one that takes no
+/// byte for a read timeout (it may have half-closed and gone) must not hold the task and its
+/// unsent replies forever.
+async fn flush(
+    shared: &Shared,
+    outbox: &Outbox,
+    mut writer: tokio::task::JoinHandle<std::io::Result<()>>,
+    peer: &str,
+) {
     let stall = shared.config.read_timeout.unwrap_or(DEFAULT_WRITE_STALL);
     let written = loop {
         let progress = outbox.bytes_written();
@@ -233,10 +263,6 @@ async fn serve(
         Some(Ok(Err(e))) => tracing::debug!(%peer, error = %e, "write failed"),
         Some(Err(e)) => tracing::error!(%peer, error = %e, "writer task failed"),
         None => writer.abort(),
-    }
-    if !matches!(end, End::PeerClosed | End::Io(_) | End::Dead) {
-        // We closed first, with a go-away: let the peer read it before the socket goes.
-        reader.drain(LINGER).await;
     }
 }
 

@@ -17,22 +17,23 @@ use tokio::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
-use super::Shared;
 use super::batch::poll_now;
 use super::offload::offloaded;
+use super::peer::Peer;
 use super::replies::{Replies, expire};
 use super::running::Running;
+use super::shared::Shared;
 use crate::proto::encode::FrameBuilder;
 use crate::proto::message::as_str;
 use crate::proto::{BatchItems, Code, Limits, Message, Names, ProtocolError};
 use crate::trace;
 use crate::transport::outbox::Outbox;
 
-/// The error a request still running at a shutdown's drain deadline gets. Its handler may have
-/// partly run.
 /// The error of a request whose client cancelled it while its handler ran.
 const CANCELLED: &str = "the client cancelled the request";
 
+/// The error a request still running at a shutdown's drain deadline gets. Its handler may have
+/// partly run.
 const DROPPED_AT_DEADLINE: &str = "the server shut down: its drain deadline passed before this request finished (the handler may have partly run)";
 
 thread_local! {
@@ -66,7 +67,7 @@ pub(super) struct Dispatch {
     /// The turn's pings, answered after its requests.
     pings: Vec<u64>,
     /// The peer, the [`current_peer`](super::current_peer) of its handlers.
-    peer: Option<Arc<super::Peer>>,
+    peer: Option<Arc<Peer>>,
     /// The latest deadline among the group's requests, unless one of them has none.
     deadline: GroupDeadline,
     /// When the turn started, read once per turn and only if a request has a deadline.
@@ -112,13 +113,13 @@ impl GroupDeadline {
 /// request ([`current_peer`](super::current_peer), [`current_deadline`](crate::current_deadline)),
 /// inside `span` if the request has one.
 fn with_context<R>(
-    peer: &Option<Arc<super::Peer>>,
+    peer: &Option<Arc<Peer>>,
     deadline: Option<Instant>,
     span: Option<&Span>,
     f: impl FnOnce() -> R,
 ) -> R {
     let _entered = span.map(Span::enter);
-    super::with_peer(peer.as_ref(), || crate::context::with_deadline(deadline, f))
+    super::peer::with_peer(peer.as_ref(), || crate::context::with_deadline(deadline, f))
 }
 
 /// `fut` polled inside `span`, if there is one (a box more per traced request only).
@@ -138,7 +139,7 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 }
 
 impl Dispatch {
-    pub(super) fn new(peer: Arc<super::Peer>) -> Self {
+    pub(super) fn new(peer: Arc<Peer>) -> Self {
         Dispatch { peer: Some(peer), ..Dispatch::default() }
     }
 
@@ -255,7 +256,7 @@ impl Dispatch {
         match budget_micros {
             None => Some(None),
             Some(0) => {
-                expire(c.shared, out, &[id]);
+                expire(&c.shared.host, out, &[id]);
                 None
             }
             Some(us) => {
@@ -277,7 +278,7 @@ impl Dispatch {
         // caller has given up are not run.
         if deadline.is_some_and(|d| d <= Instant::now()) {
             let ids: Vec<u64> = self.group.drain(..).map(|(id, _)| id).collect();
-            return expire(c.shared, out, &ids);
+            return expire(&c.shared.host, out, &ids);
         }
         let route = match c.shared.router.lookup(names.service(), names.method()) {
             Ok(route) => route,
@@ -424,7 +425,7 @@ impl Dispatch {
                 }
                 () = sleep_until_some(deadline) => {
                     shared.observe.expired_running.fetch_add(ids.len() as u64, Ordering::Relaxed);
-                    let _ = outbox.push(|fb| expire(&shared, fb, &ids));
+                    let _ = outbox.push(|fb| expire(&shared.host, fb, &ids));
                 }
                 // The client cancelled every request of this work: it stops. The answer is
                 // for this side's books; the client has forgotten the ids.

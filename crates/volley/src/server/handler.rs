@@ -16,8 +16,9 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, MaybeDone};
 use tokio::time::Instant;
 
-use super::Shared;
 use super::batch::{BatchFn, BatchResult};
+use super::config::DEFAULT_MAX_BATCH;
+use super::host::Host;
 use super::local::LocalQueue;
 use super::replies::{Replies, ReplyTo, Results, encode_payload, expire, write_result};
 use crate::chunks::chunks;
@@ -51,7 +52,7 @@ pub(crate) struct TypedHandler<Req, Resp> {
     /// Where inproc callers of a batch handler wait to be served together.
     queue: Arc<LocalQueue<Req, Resp>>,
     /// The server, once built: the queue's dispatcher runs on it.
-    server: OnceLock<Weak<Shared>>,
+    server: OnceLock<Weak<Host>>,
     /// The method's metrics, set when the server is built if it keeps them.
     metrics: OnceLock<Arc<MethodMetrics>>,
 }
@@ -130,7 +131,7 @@ impl<Req: Wire, Resp: Wire> TypedHandler<Req, Resp> {
     }
 
     fn max_batch(&self) -> usize {
-        self.server.get().and_then(Weak::upgrade).map_or(super::DEFAULT_MAX_BATCH, |s| s.config.max_batch)
+        self.server.get().and_then(Weak::upgrade).map_or(DEFAULT_MAX_BATCH, |s| s.max_batch)
     }
 }
 
@@ -176,11 +177,10 @@ fn all_failed<Resp>(n: usize, p: &Box<dyn Any + Send>) -> BatchResult<Resp> {
 /// The byte face of a handler, the same for every request and reply type: what a connection's
 /// turn calls.
 pub(crate) trait Handler: Send + Sync {
-    /// Serves consecutive requests for this method (drained from `reqs`). A synchronous handler
-    /// answers them at once, into `out`, and `None` is returned; otherwise the future of the
-    /// replies. Payloads that do not decode are answered [`Code::BadRequest`] without reaching
-    /// the handler.
-    /// Serves a group of requests, `deadline` the latest of theirs (if they all have one).
+    /// Serves consecutive requests for this method (drained from `reqs`); `deadline` is the
+    /// latest of theirs, if they all have one. A synchronous handler answers them at once,
+    /// into `out`, and `None` is returned; otherwise the future of the replies. Payloads that
+    /// do not decode are answered [`Code::BadRequest`] without reaching the handler.
     fn serve(
         &self,
         reqs: &mut Vec<(u64, Bytes)>,
@@ -198,7 +198,7 @@ pub(crate) trait Handler: Send + Sync {
     /// that forward bytes).
     fn serve_raw(&self, payload: Bytes) -> Started<Result<Bytes, Status>>;
     /// Ties the handler to its server, once built, and to its metrics if they are kept.
-    fn attach(&self, server: Weak<Shared>, metrics: Option<Arc<MethodMetrics>>);
+    fn attach(&self, server: Weak<Host>, metrics: Option<Arc<MethodMetrics>>);
     /// The server is shutting down: inproc callers queued from now on are refused.
     fn close(&self);
 }
@@ -329,7 +329,7 @@ impl<Req: Wire, Resp: Wire> Handler for TypedHandler<Req, Resp> {
         }
     }
 
-    fn attach(&self, server: Weak<Shared>, metrics: Option<Arc<MethodMetrics>>) {
+    fn attach(&self, server: Weak<Host>, metrics: Option<Arc<MethodMetrics>>) {
         let _ = self.server.set(server);
         if let Some(m) = metrics {
             let _ = self.metrics.set(m);

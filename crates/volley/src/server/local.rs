@@ -1,49 +1,19 @@
-//! The server's side of inproc: it publishes itself as a [`LocalServer`], and the inproc callers
-//! of a batch handler wait in a per-method queue that a dispatcher task hands to the handler in
+//! The server's side of inproc for batch handlers: the inproc callers of a batch handler wait in a per-method queue that a dispatcher task hands to the handler in
 //! batches of up to `max_batch` — so a batch handler gets every request that arrived together,
 //! as over a socket. (Per-item and synchronous handlers are called in the caller's task and
 //! need no queue: see `transport::inproc`.)
 
-use std::any::Any;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
-use tokio_util::task::task_tracker::TaskTrackerToken;
 
-use super::Shared;
 use super::batch::{BatchFn, BatchResult, poll_now};
+use super::host::Host;
 use crate::error::Status;
 use crate::proto::Code;
-use crate::transport::inproc::{LocalServer, Started};
-
-impl LocalServer for Shared {
-    fn method(&self, service: &str, method: &str) -> Result<&(dyn Any + Send + Sync), Status> {
-        self.router.lookup(service, method).map(|route| &*route.local)
-    }
-
-    fn call_raw(&self, service: &str, method: &str, payload: Bytes) -> Started<Result<Bytes, Status>> {
-        match self.router.lookup(service, method) {
-            Ok(route) => route.handler.serve_raw(payload),
-            Err(status) => Started::Done(Err(status)),
-        }
-    }
-
-    fn enter(&self) -> Option<TaskTrackerToken> {
-        (!self.is_closing()).then(|| self.tasks.token())
-    }
-
-    fn is_open(&self) -> bool {
-        !self.is_closing()
-    }
-
-    fn closed(&self) -> BoxFuture<'static, ()> {
-        Box::pin(self.shutdown.clone().cancelled_owned())
-    }
-}
+use crate::transport::inproc::Started;
 
 type ReplyTx<Resp> = oneshot::Sender<Result<Resp, Status>>;
 
@@ -72,12 +42,12 @@ impl<Req: Send + 'static, Resp: Send + 'static> LocalQueue<Req, Resp> {
     }
 
     /// Queues `req` for `batch` and returns the wait for its reply; starts the dispatcher on
-    /// `server` if none runs.
+    /// the server's runtime if none runs.
     pub(crate) fn push(
         self: &Arc<Self>,
         req: Req,
         batch: &Arc<BatchFn<Req, Resp>>,
-        server: &Arc<Shared>,
+        server: &Arc<Host>,
     ) -> Started<Result<Resp, Status>> {
         let (tx, rx) = oneshot::channel();
         let mut st = self.state.lock();
@@ -89,7 +59,7 @@ impl<Req: Send + 'static, Resp: Send + 'static> LocalQueue<Req, Resp> {
         let wake = st.dispatcher.take();
         drop(st);
         if start {
-            server.spawn(dispatch_loop(self.clone(), batch.clone(), server.config.max_batch, server.clone()));
+            server.spawn(dispatch_loop(self.clone(), batch.clone(), server.max_batch, server.clone()));
         } else if let Some(w) = wake {
             w.wake();
         }
@@ -142,7 +112,7 @@ async fn dispatch_loop<Req: Send + 'static, Resp: Send + 'static>(
     queue: Arc<LocalQueue<Req, Resp>>,
     batch: Arc<BatchFn<Req, Resp>>,
     max: usize,
-    server: Arc<Shared>,
+    server: Arc<Host>,
 ) {
     let mut taken = Vec::new();
     let yield_first = crate::transport::outbox::lifo_runtime();

@@ -13,141 +13,53 @@
 
 mod admission;
 mod batch;
+mod config;
 mod conn;
 mod dispatch;
 mod handler;
+mod host;
 mod limit;
 mod local;
 mod observe;
 mod offload;
+mod peer;
 mod replies;
 mod router;
 mod running;
+mod shared;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::Keepalive;
 use crate::method::Method;
 use crate::metrics::MethodMetrics;
+use crate::metrics::scrape::RegistrySource;
+use crate::metrics::stats::{Counters, Snapshot};
 use crate::proto::Limits;
-use crate::stats::{Counters, Snapshot};
 use crate::transport::Address;
 use crate::transport::inproc::{self, AnyMethod, LocalServer};
 use crate::transport::socket;
-use admission::Admission;
 use handler::TypedHandler;
+use host::Host;
 use router::{Route, Router};
+use shared::{Observe, Shared};
 
+pub use crate::metrics::ConnectionCounts;
 pub use batch::BatchResult;
+pub use config::ServerConfig;
 pub use limit::ConcurrencyLimit;
-pub(crate) use observe::RegistrySource;
-
-/// Server settings.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ServerConfig {
-    /// Most requests handed to handlers per turn of a connection (default 1000, the batch size of
-    /// the BookKeeper proposal the server's turns follow: drain up to a cap, serve together,
-    /// answer together).
-    pub max_batch: usize,
-    /// Protocol limits enforced on every connection.
-    pub limits: Limits,
-    /// Most requests the server holds in handlers that have not finished (summed over all
-    /// connections). Requests beyond it are answered [`Code::Overloaded`](crate::Code) at
-    /// once instead of queueing. Default 50,000.
-    pub max_queued: usize,
-    /// An adaptive bound on the requests handled at once, beside `max_queued`: it follows the
-    /// latency the server observes, and requests beyond it are answered
-    /// [`Code::Overloaded`](crate::Code) at once, so that under overload the server sheds load
-    /// early instead of queueing requests until their callers have given up. Calls made in
-    /// process (`inproc://`) are not bounded by it: their caller's task runs the handler.
-    /// `None` (the default): no adaptive bound.
-    pub concurrency_limit: Option<ConcurrencyLimit>,
-    /// Requests (and batch requests) whose payload has at least this many bytes are decoded,
-    /// handled (if the handler does not wait) and their replies encoded on a CPU pool rather
-    /// than on the connection's task, so that large payloads are not capped at one core per
-    /// connection. `usize::MAX` keeps everything on the connection's task.
-    /// Default 64 KiB, chosen by estimate, not yet by a sweep: a hand-off to the pool costs a
-    /// few microseconds, about what decoding 16–64 KiB of bitcode takes.
-    pub offload_min_bytes: usize,
-    /// How long a peer that sent part of a frame may stay silent before its connection is
-    /// closed (a stalled or malicious peer must not hold a buffer and a task forever). An idle
-    /// connection between frames is not affected. Default 30 s; `None`: no limit.
-    pub read_timeout: Option<Duration>,
-    /// Most connections served at once (every listener together). A connection over the
-    /// limit gets a go-away ([`Code::Overloaded`](crate::Code)) and is closed. Connections
-    /// still opening do not count (see `max_handshakes`). Default 10,000; `None`: no limit.
-    pub max_connections: Option<usize>,
-    /// Most connections still opening at once: in their TLS handshake, or not yet past the
-    /// client's 8-byte preamble. When all are taken, the oldest opening connection is closed to
-    /// make room for the newcomer, so connections that never finish opening (a flood of
-    /// connects that send nothing) cannot keep real clients out. Default 1,024.
-    pub max_handshakes: usize,
-    /// How long a connection may take to open (TLS handshake and preamble) before it is
-    /// closed. Default 10 s.
-    pub handshake_timeout: Duration,
-    /// Pings on idle connections, to find peers that died without closing. Default: a ping
-    /// after 30 s without traffic, the connection closed if nothing arrives 20 s after it.
-    pub keepalive: Option<Keepalive>,
-    /// Tokens a client must present ([`ClientConfig::token`](crate::ClientConfig)) before any
-    /// request is served. Empty (the default): no authentication.
-    pub tokens: Vec<Vec<u8>>,
-    /// Certificate and key for `tls://` listeners (feature `tls`).
-    #[cfg(feature = "tls")]
-    pub tls: Option<crate::transport::tls::TlsServer>,
-    /// Whether per-method metrics are kept (calls, errors, latency, in flight, batch sizes).
-    /// Default on; the transport and connection counters are kept either way.
-    pub metrics: bool,
-    /// Where to serve the admin endpoint (`/metrics`, `/vars.json`, a status page) over HTTP:
-    /// `HOST:PORT`, or a bare `PORT` on 127.0.0.1. Started by the first `listen`. `None` (the
-    /// default): no endpoint.
-    pub admin: Option<String>,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            max_batch: DEFAULT_MAX_BATCH,
-            limits: Limits::default(),
-            max_queued: 50_000,
-            concurrency_limit: None,
-            offload_min_bytes: 64 << 10,
-            read_timeout: Some(Duration::from_secs(30)),
-            max_connections: Some(10_000),
-            max_handshakes: 1024,
-            handshake_timeout: Duration::from_secs(10),
-            keepalive: Some(Keepalive::default()),
-            tokens: Vec::new(),
-            #[cfg(feature = "tls")]
-            tls: None,
-            metrics: true,
-            admin: None,
-        }
-    }
-}
-
-/// A server's connections at one moment (see [`Server::connections`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConnectionCounts {
-    /// Connections being served (past their handshake and preamble).
-    pub served: usize,
-    /// Connections still opening: in their TLS handshake, or before the client's preamble.
-    pub opening: usize,
-    /// Opening connections closed so far to make room for newer ones (the handshake bound was
-    /// full).
-    pub opening_evicted: u64,
-}
+pub use peer::current_peer;
+pub(crate) use peer::{ConnectionScope, current_connection};
 
 /// Registers handlers, then builds a [`Server`].
 pub struct ServerBuilder {
@@ -285,29 +197,26 @@ impl ServerBuilder {
     }
 
     pub fn build(self) -> Server {
-        let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
-            for route in self.router.routes() {
-                route.handler.attach(me.clone(), self.config.metrics.then(|| route.metrics.clone()));
-            }
-            let limiter =
-                self.config.concurrency_limit.map(|c| limit::Limiter::new(c, tokio::time::Instant::now()));
-            Shared {
-                limiter,
-                router: self.router,
-                config: self.config,
-                counters: Counters::default(),
-                shutdown: CancellationToken::new(),
-                closing: AtomicBool::new(false),
-                abort: CancellationToken::new(),
-                admission: Arc::default(),
-                tasks: TaskTracker::new(),
-                runtime: OnceLock::new(),
-                bound: Mutex::new(Vec::new()),
-                queued: AtomicUsize::new(0),
-                expired: Default::default(),
-                cancelled: Default::default(),
-                observe: observe::Observe::default(),
-            }
+        let host = Arc::new(Host::new(self.config.max_batch));
+        for route in self.router.routes() {
+            route.handler.attach(Arc::downgrade(&host), self.config.metrics.then(|| route.metrics.clone()));
+        }
+        let limiter =
+            self.config.concurrency_limit.map(|c| limit::Limiter::new(c, tokio::time::Instant::now()));
+        let shared = Arc::new(Shared {
+            limiter,
+            router: self.router,
+            config: self.config,
+            counters: Counters::default(),
+            shutdown: CancellationToken::new(),
+            closing: AtomicBool::new(false),
+            abort: CancellationToken::new(),
+            admission: Arc::default(),
+            host,
+            bound: Mutex::new(Vec::new()),
+            queued: AtomicUsize::new(0),
+            cancelled: Default::default(),
+            observe: Observe::default(),
         });
         Server { shared }
     }
@@ -330,86 +239,6 @@ pub struct Server {
     shared: Arc<Shared>,
 }
 
-pub(crate) struct Shared {
-    pub(crate) router: Router,
-    pub(crate) config: ServerConfig,
-    pub(crate) counters: Counters,
-    pub(crate) shutdown: CancellationToken,
-    /// Set with `shutdown`, for the questions asked on every call: a token's `is_cancelled`
-    /// takes its lock (~40 instructions, twice per inproc call, a tenth of its cost); this is a
-    /// load.
-    closing: AtomicBool,
-    /// Cancelled when a shutdown's drain deadline passes: work still running is dropped and
-    /// its connections closed.
-    pub(crate) abort: CancellationToken,
-    /// Connections opening and served now, and their bounds.
-    pub(crate) admission: Arc<Admission>,
-    /// Accept loops, connections, inproc dispatchers and handler batches still running.
-    pub(crate) tasks: TaskTracker,
-    runtime: OnceLock<Handle>,
-    bound: Mutex<Vec<Address>>,
-    /// Requests held by handlers that did not finish on their first poll.
-    pub(crate) queued: AtomicUsize,
-    /// Requests answered `DeadlineExceeded` because their caller's budget ran out first.
-    pub(crate) expired: std::sync::atomic::AtomicU64,
-    /// Requests whose running handler was stopped because the client cancelled them.
-    pub(crate) cancelled: std::sync::atomic::AtomicU64,
-    /// What the admin endpoint needs beyond the counters above.
-    pub(crate) observe: observe::Observe,
-    /// The adaptive concurrency limit, if the server has one.
-    pub(crate) limiter: Option<limit::Limiter>,
-}
-
-impl Shared {
-    /// Whether a shutdown has begun.
-    #[inline]
-    pub(crate) fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
-    }
-
-    /// How many more requests may be queued.
-    pub(crate) fn room(&self) -> usize {
-        self.config.max_queued.saturating_sub(self.queued.load(Ordering::Relaxed))
-    }
-
-    /// Whether a batch request of `n` items may be queued: it fits in the room left, or nothing
-    /// is queued at all. The second case keeps every chunk the protocol allows (65,536 items)
-    /// servable whatever `max_queued` is: alone, it cannot pile up behind anything.
-    pub(crate) fn admits_chunk(&self, n: usize) -> bool {
-        n <= self.room() || self.queued.load(Ordering::Relaxed) == 0
-    }
-
-    /// The answer to `refused` requests turned away because the queue bound is full.
-    pub(crate) fn overloaded(&self, refused: usize) -> Status {
-        self.refuse(
-            refused,
-            format!("server is over its bound of {} queued requests", self.config.max_queued),
-        )
-    }
-
-    /// The answer to `refused` requests turned away by the adaptive concurrency limit.
-    pub(crate) fn over_limit(&self, refused: usize, limit: usize) -> Status {
-        self.refuse(
-            refused,
-            format!(
-                "server is over its concurrency limit ({limit} requests at once, adapted to its latency)"
-            ),
-        )
-    }
-
-    /// Counts `refused` overload refusals and says why.
-    fn refuse(&self, refused: usize, why: String) -> Status {
-        self.observe.overload_refusals.fetch_add(refused as u64, Ordering::Relaxed);
-        Status::new(crate::Code::Overloaded, why)
-    }
-
-    /// Spawns on the server's runtime (the one `listen` was first called on).
-    pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
-        let rt = self.runtime.get().cloned().unwrap_or_else(Handle::current);
-        self.tasks.spawn_on(fut, &rt);
-    }
-}
-
 impl Server {
     pub fn builder() -> ServerBuilder {
         ServerBuilder { router: Router::default(), config: ServerConfig::default() }
@@ -422,8 +251,8 @@ impl Server {
         if self.shared.is_closing() {
             return Err(Error::Closed);
         }
-        let _ = self.shared.runtime.set(Handle::current());
-        self.start_admin().await?;
+        let _ = self.shared.host.runtime.set(Handle::current());
+        observe::start_admin(&self.shared).await?;
         let bound = if let Address::Inproc(name) = &addr {
             inproc::bind(name, self.local())?;
             addr.clone()
@@ -454,8 +283,8 @@ impl Server {
         for route in self.shared.router.routes() {
             route.handler.close();
         }
-        self.shared.tasks.close();
-        self.shared.tasks.wait().await;
+        self.shared.host.tasks.close();
+        self.shared.host.tasks.wait().await;
     }
 
     /// Like [`shutdown`](Self::shutdown), giving up waiting after `deadline` (the drain goes on
@@ -491,7 +320,7 @@ impl Server {
     /// before their handler ran (it never ran for them), or while it was still running (its
     /// work was dropped).
     pub fn expired_requests(&self) -> u64 {
-        self.shared.expired.load(Ordering::Relaxed)
+        self.shared.host.expired.load(Ordering::Relaxed)
     }
 
     /// The adaptive concurrency limit's value now, and the requests admitted under it that are
@@ -539,67 +368,17 @@ impl Server {
     pub(crate) fn spawn_tracked(&self, fut: impl Future<Output = ()> + Send + 'static) {
         self.shared.spawn(fut);
     }
-}
 
-thread_local! {
-    static CURRENT_PEER: std::cell::RefCell<Option<Arc<Peer>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// The peer of one unix or tcp connection, as its handlers see it (see [`current_peer`] and
-/// [`current_connection`]).
-pub(crate) struct Peer {
-    addr: Arc<str>,
-    connection: ConnectionScope,
-}
-
-impl Peer {
-    /// The peer at `addr` of a connection that is open until the returned guard drops.
-    pub(crate) fn open(addr: &str) -> (Arc<Peer>, tokio_util::sync::DropGuard) {
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let closed = CancellationToken::new();
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let connection = ConnectionScope { id, closed: closed.clone() };
-        (Arc::new(Peer { addr: addr.into(), connection }), closed.drop_guard())
+    /// The address of the admin endpoint (see [`ServerBuilder::admin`]), once the first
+    /// [`listen`](Self::listen) started it.
+    pub fn admin_address(&self) -> Option<SocketAddr> {
+        self.shared.observe.admin.get().copied()
     }
-}
 
-/// One unix or tcp connection to this process's servers, for layers that keep state per
-/// connection: the registry's controller holds a client id for as long as the connection that
-/// asked for it is open.
-#[derive(Clone)]
-pub(crate) struct ConnectionScope {
-    /// Unique among the connections of this process.
-    pub id: u64,
-    closed: CancellationToken,
-}
-
-impl ConnectionScope {
-    /// Completes when the connection has closed (at once if it already has).
-    pub async fn closed(&self) {
-        self.closed.cancelled().await
+    /// Adds a registry to what the admin endpoint shows (a controller's).
+    pub(crate) fn show_registry(&self, source: Arc<dyn RegistrySource>) {
+        let _ = self.shared.observe.registry.set(source);
     }
-}
-
-/// The address of the peer whose request is being handled, for logs (a handler that refuses
-/// something says who asked). Known during the synchronous start of a handler — before its
-/// first `.await` — on unix and tcp connections; `None` elsewhere (inproc calls, and after
-/// the handler first waited).
-pub fn current_peer() -> Option<Arc<str>> {
-    CURRENT_PEER.with(|p| p.borrow().as_ref().map(|p| p.addr.clone()))
-}
-
-/// The connection whose request is being handled, known when [`current_peer`] is.
-pub(crate) fn current_connection() -> Option<ConnectionScope> {
-    CURRENT_PEER.with(|p| p.borrow().as_ref().map(|p| p.connection.clone()))
-}
-
-/// Runs `f` (the first poll of a handler) with `peer` as the [`current_peer`].
-pub(crate) fn with_peer<R>(peer: Option<&Arc<Peer>>, f: impl FnOnce() -> R) -> R {
-    let Some(peer) = peer else { return f() };
-    let before = CURRENT_PEER.with(|p| p.replace(Some(peer.clone())));
-    let r = f();
-    CURRENT_PEER.with(|p| *p.borrow_mut() = before);
-    r
 }
 
 /// After the drain deadline, how long aborted connections get to send their go-away and close.
@@ -626,6 +405,3 @@ async fn accept_loop(shared: Arc<Shared>, listener: socket::Listener) {
         }
     }
 }
-
-/// Most requests handed to a handler at once, unless the server says otherwise.
-pub(crate) const DEFAULT_MAX_BATCH: usize = 1000;

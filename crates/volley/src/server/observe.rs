@@ -1,47 +1,13 @@
 //! What a server shows of itself: the scrape of its metrics, and its admin endpoint.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock, Weak};
-use std::time::Instant;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
 
 use futures_util::future::BoxFuture;
 
-use super::{Server, Shared};
+use super::shared::Shared;
 use crate::error::Error;
-use crate::metrics::scrape::{Expiries, Named, RegistryScrape, Scrape, ServerScrape};
-use crate::stats::Snapshot;
-
-/// A layer built on the server that has more to show (the registry of a controller).
-pub(crate) trait RegistrySource: Send + Sync + 'static {
-    /// The registry now (`None` once it is gone); `server` is the server's transport counters.
-    fn registry(&self, server: Snapshot) -> BoxFuture<'_, Option<RegistryScrape>>;
-}
-
-/// The server's observability state beside its counters.
-pub(crate) struct Observe {
-    /// Requests answered `Overloaded` because the queue bound was full.
-    pub(crate) overload_refusals: AtomicU64,
-    /// Of the requests answered `DeadlineExceeded` (`Shared::expired`), those whose handler
-    /// was running: its work was dropped.
-    pub(crate) expired_running: AtomicU64,
-    started: Instant,
-    /// The admin endpoint's address, once started.
-    admin: tokio::sync::OnceCell<SocketAddr>,
-    registry: OnceLock<Arc<dyn RegistrySource>>,
-}
-
-impl Default for Observe {
-    fn default() -> Self {
-        Observe {
-            overload_refusals: AtomicU64::new(0),
-            expired_running: AtomicU64::new(0),
-            started: Instant::now(),
-            admin: tokio::sync::OnceCell::new(),
-            registry: OnceLock::new(),
-        }
-    }
-}
+use crate::metrics::scrape::{Expiries, Named, Scrape, ServerScrape};
 
 impl Shared {
     /// Everything the admin endpoint shows, now.
@@ -85,7 +51,7 @@ impl Shared {
     /// request is counted as running before it is counted in the total, and the total is read
     /// first, so one caught between the two counts never shows as one that did not run.
     fn expiries(&self) -> Expiries {
-        let all = self.expired.load(Relaxed);
+        let all = self.host.expired.load(Relaxed);
         let running = self.observe.expired_running.load(Relaxed);
         Expiries { before_handler: all.saturating_sub(running), in_handler: running }
     }
@@ -103,38 +69,25 @@ impl crate::admin::Source for Source {
     }
 }
 
-impl Server {
-    /// The address of the admin endpoint (see [`ServerBuilder::admin`](super::ServerBuilder::admin)),
-    /// once the first [`listen`](Self::listen) started it.
-    pub fn admin_address(&self) -> Option<SocketAddr> {
-        self.shared.observe.admin.get().copied()
-    }
-
-    /// Starts the admin endpoint if one is configured and not started yet.
-    pub(super) async fn start_admin(&self) -> Result<(), Error> {
-        let Some(addr) = &self.shared.config.admin else { return Ok(()) };
-        let addr = crate::admin::parse_addr(addr)?;
-        let shared = self.shared.clone();
-        self.shared
-            .observe
-            .admin
-            .get_or_try_init(|| async move {
-                let source = Arc::new(Source(Arc::downgrade(&shared)));
-                let stop = shared.shutdown.clone();
-                let weak = Arc::downgrade(&shared);
-                crate::admin::start(addr, source, stop, move |task| {
-                    if let Some(s) = weak.upgrade() {
-                        s.spawn(task)
-                    }
-                })
-                .await
+/// Starts the server's admin endpoint if one is configured and not started yet.
+pub(super) async fn start_admin(shared: &Arc<Shared>) -> Result<(), Error> {
+    let Some(addr) = &shared.config.admin else { return Ok(()) };
+    let addr = crate::admin::parse_addr(addr)?;
+    let owner = shared.clone();
+    shared
+        .observe
+        .admin
+        .get_or_try_init(|| async move {
+            let source = Arc::new(Source(Arc::downgrade(&owner)));
+            let stop = owner.shutdown.clone();
+            let weak = Arc::downgrade(&owner);
+            crate::admin::start(addr, source, stop, move |task| {
+                if let Some(s) = weak.upgrade() {
+                    s.spawn(task)
+                }
             })
             .await
-            .map(drop)
-    }
-
-    /// Adds a registry to what the admin endpoint shows (a controller's).
-    pub(crate) fn show_registry(&self, source: Arc<dyn RegistrySource>) {
-        let _ = self.shared.observe.registry.set(source);
-    }
+        })
+        .await
+        .map(drop)
 }

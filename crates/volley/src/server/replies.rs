@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 
-use super::Shared;
+use super::host::Host;
 use crate::codec::Wire;
 use crate::error::Status;
 use crate::proto::Code;
@@ -121,7 +121,7 @@ pub(crate) fn encode_payload<Resp: Wire>(resp: &Resp) -> Result<Bytes, Status> {
 const EXPIRED: &str = "the caller's deadline passed before the server answered (its time budget ran out)";
 
 /// Answers `ids` `DeadlineExceeded`, and counts them.
-pub(super) fn expire(shared: &Shared, out: &mut FrameBuilder, ids: &[u64]) {
-    shared.expired.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+pub(super) fn expire(host: &Host, out: &mut FrameBuilder, ids: &[u64]) {
+    host.expired.fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
     ids.iter().for_each(|&id| out.error(id, Code::DeadlineExceeded, EXPIRED));
 }

@@ -16,7 +16,7 @@ use crate::client::{BatchOptions, CallOptions, Client};
 use crate::codec::{StableHash, Wire};
 use crate::error::Error;
 use crate::method::Method;
-use crate::registry::{Gathered, ServiceClient};
+use crate::service_client::{Gathered, ServiceClient};
 
 /// Calls methods whose request type is `Req` and reply type `Resp`: implemented by
 /// [`Client`] for every pair of [`Wire`] types, and by [`ServiceClient`] when `Req` is also

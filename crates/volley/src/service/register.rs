@@ -1,8 +1,9 @@
 //! Listening and registering in one call, for the common case: every service the server
 //! offers, at the address it bound, under the default lease.
 
+use crate::discovery::InstanceSpec;
 use crate::error::Error;
-use crate::registry::{InstanceSpec, LeaseConfig, Registration, Registry};
+use crate::registry::{LeaseConfig, Registration, Registry};
 use crate::server::Server;
 use crate::transport::Address;
 
@@ -22,7 +23,8 @@ impl Server {
     /// # #[volley::service] trait Greeter { async fn hi(&self, name: String) -> Result<String, volley::Status>; }
     /// # struct Hello;
     /// # impl Greeter for Hello { async fn hi(&self, name: String) -> Result<String, volley::Status> { Ok(name) } }
-    /// use volley::registry::{DEFAULT_REGISTRY, Registry};
+    /// use volley::discovery::DEFAULT_REGISTRY;
+    /// use volley::registry::Registry;
     /// use volley::Server;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
@@ -45,8 +47,8 @@ impl Server {
     /// Like [`listen_and_register`](Self::listen_and_register), and also listens on each of
     /// `local` — addresses only a caller on this host can open, such as `shm://NAME` — and
     /// registers them beside `addr` as the instances' same-host addresses, with this host's
-    /// [`host_id`](crate::registry::host_id). A [`ServiceClient`](crate::ServiceClient) with
-    /// [`prefer_local`](crate::registry::ServiceConfig::prefer_local) on this host connects
+    /// [`host_id`](crate::discovery::host_id). A [`ServiceClient`](crate::ServiceClient) with
+    /// [`prefer_local`](crate::service_client::ServiceConfig::prefer_local) on this host connects
     /// through them (the first that opens); any other caller through `addr`. Returns the
     /// address bound for `addr` ([`addresses`](Self::addresses) lists all of them).
     ///
@@ -54,7 +56,8 @@ impl Server {
     /// # #[volley::service] trait Greeter { async fn hi(&self, name: String) -> Result<String, volley::Status>; }
     /// # struct Hello;
     /// # impl Greeter for Hello { async fn hi(&self, name: String) -> Result<String, volley::Status> { Ok(name) } }
-    /// use volley::registry::{DEFAULT_REGISTRY, Registry};
+    /// use volley::discovery::DEFAULT_REGISTRY;
+    /// use volley::registry::Registry;
     /// use volley::Server;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
@@ -76,10 +79,10 @@ impl Server {
         if services.is_empty() {
             return Err(Error::Usage("listen_and_register: the server has no handlers to register".into()));
         }
-        if !local.is_empty() && crate::registry::host_id().is_none() {
+        if !local.is_empty() && crate::discovery::host_id().is_none() {
             return Err(Error::Usage(format!(
                 "listen_and_register: same-host addresses need this host's id, which is unknown here (set {})",
-                crate::registry::HOST_ID_ENV
+                crate::discovery::HOST_ID_ENV
             )));
         }
         let bound = self.listen(addr).await?;

@@ -29,8 +29,8 @@ use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 
 use super::stream::WriteHalf;
+use crate::metrics::stats::Counters;
 use crate::proto::{FrameBuilder, Limits, PREAMBLE};
-use crate::stats::Counters;
 
 /// The write half of the stream, whatever its kind.
 type Sink = Box<dyn WriteHalf>;

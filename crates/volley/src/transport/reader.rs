@@ -4,9 +4,9 @@
 use std::io;
 
 use super::stream::ReadHalf;
+use crate::metrics::stats::Counters;
 use crate::pool::{self, buffer::PoolBuf};
 use crate::proto::{Decoder, Limits, Message, ProtocolError, decode_frame};
-use crate::stats::Counters;
 
 /// How much room to offer each read. Large enough that a busy connection drains its socket in
 /// a few reads; released (to the buffer pool) whenever the connection goes idle with nothing

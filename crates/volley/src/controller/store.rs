@@ -14,7 +14,9 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::wire::{Instance, InstanceSpec, ListedInstance, ServiceListing};
+use crate::discovery::wire::{Instance, InstanceSpec, ListedInstance, ServiceListing};
+use crate::error::Status;
+use crate::proto::Code;
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -432,6 +434,17 @@ impl Store for MemoryStore {
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.revision.subscribe()
     }
+}
+
+/// The answer to a registry call that the store refused.
+pub(crate) fn status(e: StoreError) -> Status {
+    let code = match e {
+        StoreError::UnknownLease(_) => Code::Application,
+        StoreError::ClientIdsExhausted(_) => Code::Overloaded,
+        StoreError::Invalid(_) => Code::BadRequest,
+        StoreError::Backend(_) => Code::Internal,
+    };
+    Status::new(code, e.to_string())
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The watch task of a [`ServiceClient`](super::ServiceClient)'s service: a long poll
+//! The watch task of a [`ServiceClient`](crate::ServiceClient)'s service: a long poll
 //! re-issued in a loop, which turns request/reply into a push of instance-list changes.
 
 use std::sync::Weak;
@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::connection::Registry;
-use super::instances::Pool;
-use super::wire::WatchRequest;
+use crate::balance::Pool;
+use crate::discovery::wire::WatchRequest;
+use crate::registry::Registry;
 
 /// Keeps one service's cache fresh: a long poll re-issued in a loop. When the registry is
 /// unreachable the cache is left as it is (calls go on from it) and the poll is retried with

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::ejection::Reason;
-use super::endpoint::{Endpoint, Outstanding};
-use super::instances::{Pick, Pool};
-use super::policy::Hedge;
+use super::budget::Budget;
+use super::p95::P95;
+use super::policy::{Hedge, RetryBudget};
+use crate::balance::{Endpoint, Outstanding, Pick, Pool, Reason, unreachable};
 use crate::client::Client;
 use crate::error::Error;
 use crate::proto::Code;
@@ -32,33 +32,51 @@ impl Plan {
     }
 }
 
-/// The instance is gone (or going), whatever the request: leave it out.
-fn unreachable(e: &Error) -> bool {
-    matches!(e, Error::Connection(_)) || e.code() == Some(Code::ShuttingDown)
+/// How calls to one service are retried and hedged.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RetryConfig {
+    /// Most instances one call tries (idempotent calls fail over; any call moves on when
+    /// connecting fails, since nothing was sent).
+    pub max_attempts: usize,
+    /// Retries of idempotent calls after retryable errors, and the budget for them and for
+    /// hedges (`None`: failover after a lost connection only, unbudgeted).
+    pub retry_budget: Option<RetryBudget>,
+    pub hedge: Option<Hedge>,
 }
 
-/// Counts towards an instance's failures in a row (outlier ejection).
-fn counts_as_failure(e: &Error) -> bool {
-    matches!(e, Error::Connection(_) | Error::Closed | Error::Timeout(_))
-        || matches!(
-            e.code(),
-            Some(
-                Code::Overloaded
-                    | Code::ShuttingDown
-                    | Code::Internal
-                    | Code::Panicked
-                    | Code::DeadlineExceeded
-            )
-        )
+impl RetryConfig {
+    /// Failover after a lost connection only, over at most `max_attempts` instances.
+    pub fn failover(max_attempts: usize) -> RetryConfig {
+        RetryConfig { max_attempts, retry_budget: None, hedge: None }
+    }
 }
 
-impl Pool {
+/// The instances of one service and the state its calls' retries and hedges keep: what an
+/// owner (a service client, the controller's relay) holds per service.
+pub(crate) struct Retrier {
+    pub pool: Arc<Pool>,
+    config: RetryConfig,
+    /// Tokens for retries and hedges: the configured budget, or a default one for hedges.
+    budget: Option<Budget>,
+    /// The service's latency, for hedging after its 95th percentile.
+    p95: P95,
+    /// Attempts are timed (for the pool, or for hedging after the p95).
+    measures: bool,
+}
+
+impl Retrier {
+    pub fn new(pool: Arc<Pool>, config: RetryConfig) -> Retrier {
+        let budget = config.retry_budget.or(config.hedge.map(|_| RetryBudget::default()));
+        let measures = pool.load.measures || matches!(config.hedge, Some(Hedge::P95 { .. }));
+        Retrier { pool, config, budget: budget.as_ref().map(Budget::new), p95: P95::new(), measures }
+    }
+
     /// Whether `e` lets an idempotent call be sent again: with a retry budget, a lost or closed
     /// connection, `Overloaded` or `ShuttingDown`; without one, only a lost connection or
     /// `ShuttingDown` (failover).
     fn retryable(&self, e: &Error) -> bool {
         unreachable(e)
-            || (self.guards.budgeted_retries
+            || (self.config.retry_budget.is_some()
                 && (matches!(e, Error::Closed) || e.code() == Some(Code::Overloaded)))
     }
 
@@ -75,20 +93,20 @@ impl Pool {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
-        if let Some(b) = &self.guards.budget {
+        if let Some(b) = &self.budget {
             b.deposit();
         }
         let mut tried: Vec<Arc<Endpoint>> = Vec::new();
         let mut last_err: Option<Error> = None;
         loop {
-            let ep = match self.next(route, &tried) {
+            let ep = match self.pool.next(route, &tried, self.config.max_attempts) {
                 Ok(ep) => ep,
                 Err(none) => return Err(last_err.unwrap_or(none)),
             };
-            let client = match ep.connect(&self.config.client).await {
+            let client = match ep.connect(&self.pool.config.client).await {
                 Ok(c) => c,
                 Err(e) => {
-                    self.eject(&ep, Reason::Unreachable, &e);
+                    self.pool.eject(&ep, Reason::Unreachable, &e);
                     tried.push(ep);
                     last_err = Some(e);
                     continue;
@@ -106,21 +124,8 @@ impl Pool {
             if !plan.idempotent || !self.may_retry(plan.deadline, tried.len()) {
                 return Err(e);
             }
-            self.stats.failovers.fetch_add(1, Relaxed);
+            self.pool.stats.failovers.fetch_add(1, Relaxed);
             last_err = Some(e);
-        }
-    }
-
-    /// The next instance to try, avoiding those `tried`; starts the probes that are due.
-    fn next(&self, route: &Pick, tried: &[Arc<Endpoint>]) -> Result<Arc<Endpoint>, Error> {
-        if self.next_probe.take_turn() {
-            self.start_probes();
-        }
-        // A guard, not a clone: the view is only needed until the pick.
-        let view = self.view.load();
-        match tried.len() < self.config.max_attempts {
-            true => self.pick(&view, route, tried).ok_or_else(|| self.no_instances(&view)),
-            false => Err(self.no_instances(&view)),
         }
     }
 
@@ -130,11 +135,11 @@ impl Pool {
         if tried >= self.config.max_attempts || deadline.is_some_and(|d| d <= Instant::now()) {
             return false;
         }
-        match &self.guards.budget {
-            Some(b) if self.guards.budgeted_retries => {
+        match &self.budget {
+            Some(b) if self.config.retry_budget.is_some() => {
                 let granted = b.withdraw();
                 if !granted {
-                    self.stats.retries_refused.fetch_add(1, Relaxed);
+                    self.pool.stats.retries_refused.fetch_add(1, Relaxed);
                 }
                 granted
             }
@@ -151,68 +156,19 @@ impl Pool {
         ep.attempts.fetch_add(1, Relaxed);
         let mut watch = Watch {
             ep,
-            started: self.guards.measures.then(Instant::now),
-            _load: self.guards.tracks_load.then(|| Outstanding::new(ep.outstanding())),
+            started: self.measures.then(Instant::now),
+            _load: self.pool.load.tracks_load.then(|| Outstanding::new(ep.outstanding())),
         };
         let r = fut.await;
-        let started = watch.started.take();
-        self.learn(ep, started, r.as_ref().err());
-        r
-    }
-
-    /// What an attempt's outcome says about its instance.
-    fn learn(&self, ep: &Arc<Endpoint>, started: Option<Instant>, err: Option<&Error>) {
-        if let Some(e) = err.filter(|e| unreachable(e)) {
-            self.eject(ep, Reason::Unreachable, e);
-        }
-        // A failure that came back at once says nothing about the instance's speed (a broken
-        // instance that answers errors fast must not look like the fastest); a timeout does.
-        if let Some(t0) = started.filter(|_| err.is_none_or(|e| matches!(e, Error::Timeout(_)))) {
+        let timed = watch.started.take().map(|t0| {
             let now = Instant::now();
-            ep.latency.observe(now - t0, now);
-            if err.is_none() {
-                self.guards.p95.observe(now - t0, now);
-            }
+            (now - t0, now)
+        });
+        self.pool.learn(ep, timed, r.as_ref().err());
+        if let Some((took, now)) = timed.filter(|_| r.is_ok()) {
+            self.p95.observe(took, now);
         }
-        let Some(o) = self.config.outliers else { return };
-        match err.filter(|e| counts_as_failure(e)) {
-            None => {
-                if ep.failures.load(Relaxed) != 0 {
-                    ep.failures.store(0, Relaxed);
-                }
-            }
-            Some(e) => {
-                let n = ep.failures.fetch_add(1, Relaxed) + 1;
-                if o.consecutive_failures > 0 && n >= o.consecutive_failures {
-                    self.eject(ep, Reason::Failing, e);
-                }
-            }
-        }
-        if o.latency_factor > 0.0 && self.guards.latency_check.take_turn() {
-            self.guards.latency_check.set(Some(Instant::now() + o.check_every));
-            self.eject_slow(o.latency_factor, o.min_latency);
-        }
-    }
-
-    /// Ejects the instances in rotation whose latency is more than `factor` times the (lower)
-    /// median of them all, and above `floor`.
-    fn eject_slow(&self, factor: f64, floor: Duration) {
-        let now = Instant::now();
-        let view = self.view.load_full();
-        let measured: Vec<(&Arc<Endpoint>, f64)> =
-            view.active.iter().filter_map(|e| Some((e, e.latency.get(now)?))).collect();
-        if measured.len() < 2 {
-            return;
-        }
-        let mut sorted: Vec<f64> = measured.iter().map(|m| m.1).collect();
-        sorted.sort_by(f64::total_cmp);
-        let median = sorted[(sorted.len() - 1) / 2];
-        for (ep, latency) in measured {
-            if latency > median * factor && latency > floor.as_nanos() as f64 {
-                let why = Error::Timeout(Duration::from_nanos(latency as u64));
-                self.eject(ep, Reason::Slow, &why);
-            }
-        }
+        r
     }
 
     /// The hedge delay for this call, if it is hedged (idempotent, not pinned to one address).
@@ -222,7 +178,7 @@ impl Pool {
         }
         match self.config.hedge? {
             Hedge::After(d) => Some(d),
-            Hedge::P95 { initial } => Some(self.guards.p95.get().unwrap_or(initial)),
+            Hedge::P95 { initial } => Some(self.p95.get().unwrap_or(initial)),
         }
     }
 
@@ -249,23 +205,22 @@ impl Pool {
             () = tokio::time::sleep(delay) => {}
         }
         let backup = {
-            let view = self.view.load();
             let mut skip = tried.clone();
             skip.push(ep.clone());
-            self.pick(&view, route, &skip)
+            self.pool.pick(&self.pool.view(), route, &skip)
         };
         let Some(b) = backup else { return primary.await };
-        if !self.guards.budget.as_ref().is_some_and(|budget| budget.withdraw()) {
-            self.stats.hedges_refused.fetch_add(1, Relaxed);
+        if !self.budget.as_ref().is_some_and(|budget| budget.withdraw()) {
+            self.pool.stats.hedges_refused.fetch_add(1, Relaxed);
             return primary.await;
         }
-        self.stats.hedges.fetch_add(1, Relaxed);
+        self.pool.stats.hedges.fetch_add(1, Relaxed);
         tried.push(b.clone());
         let backup = async {
-            match b.connect(&self.config.client).await {
+            match b.connect(&self.pool.config.client).await {
                 Ok(c) => self.attempt(&b, attempt(c)).await,
                 Err(e) => {
-                    self.eject(&b, Reason::Unreachable, &e);
+                    self.pool.eject(&b, Reason::Unreachable, &e);
                     Err(e)
                 }
             }

@@ -2,31 +2,28 @@
 //! `volley.registry`) over a [`Store`], expires leases, and relays calls in relayed mode.
 //!
 //! Run it embedded (the default: [`embedded`](super::embedded) starts one on
-//! [`DEFAULT_REGISTRY`](super::DEFAULT_REGISTRY) the first time something in the process needs
+//! [`DEFAULT_REGISTRY`](crate::discovery::DEFAULT_REGISTRY) the first time something in the process needs
 //! it) or standalone (`volley controller --listen ADDR`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
-use tokio::sync::{OnceCell, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::attempts::Plan;
 use super::client_ids::{self, Holders};
-use super::instances::{Balance, Pick, Pool, PoolConfig};
-use super::pool_stats::PoolStats;
-use super::store::{MemoryStore, Store, StoreError, StoreStatus};
-use super::wire::*;
-use crate::client::{CallOptions, ClientConfig};
+use super::relay::Relay;
+use super::store::{MemoryStore, Store, StoreError, StoreStatus, status};
+use crate::balance::Balance;
+use crate::client::ClientConfig;
+use crate::discovery::wire::*;
 use crate::error::{Error, Status};
-use crate::metrics::scrape::RegistryScrape;
+use crate::metrics::scrape::{InstanceRow, RegistryCounters, RegistryScrape, RegistrySource, ServiceRow};
+use crate::metrics::stats::Snapshot;
 use crate::proto::Code;
 use crate::server::Server;
-use crate::stats::Snapshot;
 use crate::transport::Address;
 use futures_util::future::BoxFuture;
 
@@ -71,7 +68,7 @@ impl Default for ControllerConfig {
             min_ttl: Duration::from_millis(50),
             max_ttl: Duration::from_secs(300),
             max_watch: Duration::from_secs(60),
-            settle: super::DEFAULT_TTL,
+            settle: crate::discovery::DEFAULT_TTL,
             relay_balance: Balance::LeastOutstanding,
             relay_client: ClientConfig::default(),
             registration_credential: None,
@@ -150,7 +147,7 @@ impl Controller {
             expired: AtomicU64::new(0),
             watch_events: AtomicU64::new(0),
             holders: Arc::default(),
-            relay: Relay::new(&config, rev),
+            relay: Relay::new(config.relay_balance, config.relay_client.clone(), rev),
             store,
             config,
         });
@@ -174,7 +171,7 @@ impl Controller {
     pub async fn shutdown(&self) {
         self.state.stop.cancel();
         self.server.shutdown().await;
-        self.state.relay.pools.lock().clear();
+        self.state.relay.clear();
     }
 
     /// Whether the controller is serving (not shut down).
@@ -209,17 +206,13 @@ impl Controller {
 impl State {
     fn stats(&self, server: Snapshot) -> ControllerStats {
         let relay = &self.relay;
-        let mut relay_transport = relay.stats.retired();
-        for p in relay.pools.lock().values() {
-            super::pool_stats::add_snapshot(&mut relay_transport, &p.pool.counters());
-        }
         ControllerStats {
             server,
-            relay: relay_transport,
+            relay: relay.transport(),
             resolves: self.resolves.load(Relaxed),
             watches: self.watches.load(Relaxed),
-            relayed_calls: relay.calls.load(Relaxed),
-            relay_failovers: relay.stats.failovers.load(Relaxed),
+            relayed_calls: relay.calls(),
+            relay_failovers: relay.failovers(),
             store: self.store.status(),
             client_ids_held: self.holders.held() as u64,
             lease_renewals: self.renewals.load(Relaxed),
@@ -231,14 +224,48 @@ impl State {
 
 /// The registry as the admin endpoint shows it, held weakly: the endpoint belongs to the
 /// server, which must not keep the controller's state alive.
-impl crate::server::RegistrySource for std::sync::Weak<State> {
+impl RegistrySource for std::sync::Weak<State> {
     fn registry(&self, server: Snapshot) -> BoxFuture<'_, Option<RegistryScrape>> {
         Box::pin(async move {
             let st = self.upgrade()?;
             let services = st.store.list().await.unwrap_or_default();
-            Some(RegistryScrape { services, stats: st.stats(server) })
+            let stats = st.stats(server);
+            Some(RegistryScrape {
+                services: services.into_iter().map(row).collect(),
+                stats: serde_json::to_value(stats).unwrap_or_default(),
+                counters: RegistryCounters {
+                    lease_renewals: stats.lease_renewals,
+                    expired_instances: stats.expired_instances,
+                    watch_events: stats.watch_events,
+                    resolves: stats.resolves,
+                    relayed_calls: stats.relayed_calls,
+                    client_ids_held: stats.client_ids_held,
+                },
+            })
         })
     }
+}
+
+/// A service as the admin endpoint lists it.
+fn row(s: ServiceListing) -> ServiceRow {
+    let instances = s
+        .instances
+        .into_iter()
+        .map(|li| {
+            let i = li.instance;
+            InstanceRow {
+                id: i.id,
+                lease: i.lease,
+                service: i.service,
+                address: i.address,
+                weight: i.weight,
+                metadata: i.metadata,
+                lease_ttl_ms: li.lease_ttl_ms,
+                expires_in_ms: li.expires_in_ms,
+            }
+        })
+        .collect();
+    ServiceRow { name: s.name, revision: s.revision, instances }
 }
 
 fn build_server(st: &Arc<State>) -> Server {
@@ -271,16 +298,6 @@ fn build_server(st: &Arc<State>) -> Server {
         .handle(&LIST, with_state!(list))
         .handle(&RELAY, with_state!(relay))
         .build()
-}
-
-fn status(e: StoreError) -> Status {
-    let code = match e {
-        StoreError::UnknownLease(_) => Code::Application,
-        StoreError::ClientIdsExhausted(_) => Code::Overloaded,
-        StoreError::Invalid(_) => Code::BadRequest,
-        StoreError::Backend(_) => Code::Internal,
-    };
-    Status::new(code, e.to_string())
 }
 
 impl State {
@@ -487,113 +504,5 @@ async fn list(st: Arc<State>, _: ()) -> Result<Listing, Status> {
 }
 
 async fn relay(st: Arc<State>, r: RelayRequest) -> Result<RelayReply, Status> {
-    st.relay.calls.fetch_add(1, Relaxed);
-    Ok(st.relay.forward(&st, r).await.into())
-}
-
-/// Relayed mode: the controller's own connections to instances, one pool per service, kept in
-/// step with the store.
-struct Relay {
-    pools: Mutex<FxHashMap<String, Arc<RelayPool>>>,
-    stats: Arc<PoolStats>,
-    /// The relay's connections use one client id from the store, allocated on first use.
-    client: OnceCell<ClientConfig>,
-    base: ClientConfig,
-    balance: Balance,
-    revision: watch::Receiver<u64>,
-    calls: AtomicU64,
-}
-
-struct RelayPool {
-    pool: Arc<Pool>,
-    /// 1 + the store revision the pool was last refreshed at (0: never).
-    seen: AtomicU64,
-}
-
-impl Relay {
-    fn new(config: &ControllerConfig, revision: watch::Receiver<u64>) -> Relay {
-        Relay {
-            pools: Mutex::new(FxHashMap::default()),
-            stats: Arc::default(),
-            client: OnceCell::new(),
-            base: config.relay_client.clone(),
-            balance: config.relay_balance,
-            revision,
-            calls: AtomicU64::new(0),
-        }
-    }
-
-    async fn forward(&self, st: &State, r: RelayRequest) -> Result<bytes::Bytes, Error> {
-        let pool = self.pool(st, &r.service).await?;
-        let route = match r.target {
-            Target::Any => Pick::Balanced,
-            Target::Key(h) => Pick::Key(h),
-            Target::Address(a) => Pick::Address(a),
-        };
-        let timeout = match r.timeout_ms {
-            0 => self.base.timeout,
-            ms => Duration::from_millis(ms as u64),
-        };
-        let opts = CallOptions { timeout: Some(timeout), idempotent: r.idempotent, deadline: None };
-        let (service, method, payload) = (&r.service, &r.method, &r.payload);
-        pool.call(&route, Plan::new(r.idempotent, None), |client| {
-            let payload = payload.clone();
-            async move { client.call_raw(service, method, payload, opts).await }
-        })
-        .await
-    }
-
-    /// The pool of `service`, refreshed from the store if the store changed since. Services
-    /// the store never heard of get no pool (names in requests are not trusted to be bounded).
-    async fn pool(&self, st: &State, service: &str) -> Result<Arc<Pool>, Error> {
-        let now = *self.revision.borrow();
-        let existing = self.pools.lock().get(service).cloned();
-        if let Some(p) = &existing
-            && p.seen.load(Relaxed) > now
-        {
-            return Ok(p.pool.clone());
-        }
-        let s = st.store.resolve(service).await.map_err(|e| Error::Remote(status(e)))?;
-        if !s.known {
-            return Err(Error::UnknownService(service.to_string()));
-        }
-        let p = match existing {
-            Some(p) => p,
-            None => {
-                let config = PoolConfig {
-                    keep_last_good: false,
-                    ..PoolConfig::new(self.balance, Duration::from_secs(1), 3, self.client_config(st).await?)
-                };
-                let fresh = Arc::new(RelayPool {
-                    pool: Pool::new(service.to_string(), config, self.stats.clone()),
-                    seen: AtomicU64::new(0),
-                });
-                self.pools.lock().entry(service.to_string()).or_insert(fresh).clone()
-            }
-        };
-        p.pool.apply(Resolved {
-            service: service.to_string(),
-            epoch: st.epoch,
-            revision: s.revision,
-            known: true,
-            settling: false,
-            instances: s.instances,
-        });
-        p.seen.fetch_max(now + 1, Relaxed);
-        Ok(p.pool.clone())
-    }
-
-    async fn client_config(&self, st: &State) -> Result<ClientConfig, Error> {
-        self.client
-            .get_or_try_init(|| async {
-                let id = st.store.alloc_client_id().await.map_err(|e| Error::Remote(status(e)))?;
-                Ok::<_, Error>(ClientConfig {
-                    client_id: Some(id),
-                    shared_sequence: Some(Default::default()),
-                    ..self.base.clone()
-                })
-            })
-            .await
-            .cloned()
-    }
+    Ok(st.relay.forward(&*st.store, st.epoch, r).await.into())
 }

@@ -4,16 +4,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
-use arc_swap::{ArcSwap, ArcSwapOption};
-use tokio::time::Instant;
-
-use super::latency::PeakEwma;
-use super::pool_stats::PoolStats;
-use super::wire::Instance;
+use super::peak_ewma::PeakEwma;
+use super::stats::PoolStats;
 use crate::client::{CallOptions, Client, ClientConfig};
+use crate::discovery::Instance;
 use crate::error::Error;
-use crate::stats::Snapshot;
+use crate::metrics::stats::Snapshot;
 use crate::transport::Address;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 /// The service a probe asks for: no server offers it.
 const PROBE_SERVICE: &str = "volley.probe";
@@ -117,7 +115,7 @@ impl Endpoint {
     /// (another scheme, `shm://` off Linux) and `inproc://` (not a host's) are skipped.
     fn local_addresses(&self) -> Vec<String> {
         let info = self.info.load();
-        let here = super::host_id();
+        let here = crate::discovery::host_id();
         if !self.prefer_local || info.local_addresses.is_empty() || here != Some(info.host_id.as_str()) {
             return Vec::new();
         }
@@ -154,38 +152,6 @@ impl Drop for Endpoint {
             self.stats.retire(c.counters());
         }
     }
-}
-
-/// Power of two choices: of two instances picked at random, the one of lower `cost`.
-fn cheaper_of_two(candidates: &[Arc<Endpoint>], cost: impl Fn(&Endpoint) -> f64) -> Option<Arc<Endpoint>> {
-    match candidates.len() {
-        0 => None,
-        1 => Some(candidates[0].clone()),
-        n => {
-            let a = fastrand::usize(..n);
-            let b = (a + 1 + fastrand::usize(..n - 1)) % n;
-            let (ea, eb) = (&candidates[a], &candidates[b]);
-            Some(if cost(eb) < cost(ea) { eb.clone() } else { ea.clone() })
-        }
-    }
-}
-
-/// Power of two choices: the one with fewer calls outstanding per unit of weight.
-pub(crate) fn two_choices(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
-    cheaper_of_two(candidates, |e| e.outstanding.load(Relaxed) as f64 / e.weight() as f64)
-}
-
-/// Default cost of an instance with no latency measured yet: new instances get tried.
-const UNMEASURED_NS: f64 = 1_000_000.0;
-
-/// Power of two choices over peak-EWMA latency × (calls outstanding + 1), per unit of weight
-/// (Finagle's and brpc's load-aware balancing): the instance expected to answer soonest.
-pub(crate) fn two_choices_by_latency(candidates: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
-    let now = Instant::now();
-    cheaper_of_two(candidates, |e| {
-        let latency = e.latency.get(now).unwrap_or(UNMEASURED_NS).max(1.0);
-        latency * (e.outstanding.load(Relaxed) + 1) as f64 / e.weight() as f64
-    })
 }
 
 /// Counts a call as outstanding on an instance until dropped (also when the caller gives up).

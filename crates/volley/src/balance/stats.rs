@@ -4,7 +4,7 @@
 use parking_lot::Mutex;
 use std::sync::atomic::AtomicU64;
 
-use crate::stats::Snapshot;
+use crate::metrics::stats::Snapshot;
 
 /// Counters shared by the pools of one owner.
 #[derive(Debug, Default)]
@@ -28,19 +28,10 @@ pub(crate) struct PoolStats {
 
 impl PoolStats {
     pub fn retire(&self, s: Snapshot) {
-        add_snapshot(&mut self.retired.lock(), &s);
+        self.retired.lock().add(&s);
     }
 
     pub fn retired(&self) -> Snapshot {
         *self.retired.lock()
     }
-}
-
-pub(crate) fn add_snapshot(acc: &mut Snapshot, s: &Snapshot) {
-    acc.frames_sent += s.frames_sent;
-    acc.messages_sent += s.messages_sent;
-    acc.bytes_sent += s.bytes_sent;
-    acc.frames_received += s.frames_received;
-    acc.messages_received += s.messages_received;
-    acc.bytes_received += s.bytes_received;
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use tokio::time::Instant;
 
-use super::backoff::Backoff;
+use crate::backoff::Backoff;
 
 /// Why an instance was taken out of rotation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use crate::proto::Code;
 pub enum Target {
     /// Any, by the controller's balancing policy.
     Any,
-    /// By key hash on the controller's hash ring (see [`key_hash`](crate::registry::key_hash)).
+    /// By key hash on the controller's hash ring (see [`key_hash`](crate::balance::key_hash)).
     Key(u64),
     /// The instance at this address (scatter-gather sends one relayed call per instance).
     Address(String),

@@ -11,20 +11,18 @@ use rustc_hash::FxHashMap;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use super::attempts::Plan;
-use super::connection::Registry;
-use super::hash::hash_key;
-use super::instances::{Balance, Pick, Pool, PoolConfig};
-use super::policy::{Hedge, InstanceStats, Outliers, RetryBudget};
-use super::pool_stats::{PoolStats, add_snapshot};
 use super::watch::watch_loop;
-use super::wire::{Instance, RelayRequest, Target};
+use crate::balance::{Balance, InstanceStats, Outliers, Pick, Pool, PoolConfig, PoolStats, hash_key};
 use crate::client::{BatchOptions, CallOptions, ClientConfig};
 use crate::codec::{StableHash, Wire};
+use crate::discovery::Instance;
+use crate::discovery::wire::{RelayRequest, Target};
 use crate::error::Error;
 use crate::liveness::Keepalive;
 use crate::method::Method;
-use crate::stats::Snapshot;
+use crate::metrics::stats::Snapshot;
+use crate::registry::Registry;
+use crate::retry::{Hedge, Plan, Retrier, RetryBudget, RetryConfig};
 
 /// How a [`ServiceClient`] reaches instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
@@ -95,8 +93,8 @@ pub struct ServiceConfig {
     #[setters(strip_option)]
     pub outliers: Option<Outliers>,
     /// Connect to an instance on this host (its registered host id is this process's
-    /// [`host_id`](super::host_id)) through the first of its same-host addresses
-    /// (`shm://`, `unix://`: [`InstanceSpec::local_address`](super::InstanceSpec::local_address))
+    /// [`host_id`](crate::discovery::host_id)) through the first of its same-host addresses
+    /// (`shm://`, `unix://`: [`InstanceSpec::local_address`](crate::discovery::InstanceSpec::local_address))
     /// that opens, and through its `address` when none does. Default: off, every connection
     /// goes to `address`. Routing does not change: an instance keeps its place on the hash
     /// ring, whichever address its connection uses.
@@ -174,7 +172,7 @@ impl ServiceClientStats {
     /// Transport counters of all connections together.
     pub fn transport(&self) -> Snapshot {
         let mut s = self.registry_transport;
-        add_snapshot(&mut s, &self.instance_transport);
+        s.add(&self.instance_transport);
         s
     }
 }
@@ -191,7 +189,8 @@ pub struct Gathered<Resp> {
 /// from every instance. Cheap to clone; clones share connections, caches and counters.
 ///
 /// ```
-/// use volley::registry::{InstanceSpec, LeaseConfig, Registry, DEFAULT_REGISTRY};
+/// use volley::discovery::{DEFAULT_REGISTRY, InstanceSpec};
+/// use volley::registry::{LeaseConfig, Registry};
 /// use volley::{Method, Server, ServiceClient};
 ///
 /// const SAY: Method<String, String> = Method::new("greeter", "say");
@@ -219,10 +218,10 @@ struct Inner {
     registry: Registry,
     config: ServiceConfig,
     /// Services already resolved: read without a lock on every call.
-    pools: ArcSwap<FxHashMap<String, Arc<Pool>>>,
+    pools: ArcSwap<FxHashMap<String, Arc<Retrier>>>,
     /// Services being resolved for the first time (one look-up per service, however many
     /// callers ask at once).
-    resolving: Mutex<FxHashMap<String, Arc<OnceCell<Arc<Pool>>>>>,
+    resolving: Mutex<FxHashMap<String, Arc<OnceCell<Arc<Retrier>>>>>,
     pool_stats: Arc<PoolStats>,
     calls: AtomicU64,
     /// Ends the watch tasks when the client goes.
@@ -237,7 +236,7 @@ impl Drop for Inner {
 
 impl ServiceClient {
     /// Connects to the registry at `addr` in direct mode. For
-    /// [`DEFAULT_REGISTRY`](super::DEFAULT_REGISTRY) the embedded controller is started if
+    /// [`DEFAULT_REGISTRY`](crate::discovery::DEFAULT_REGISTRY) the embedded controller is started if
     /// nothing serves it yet.
     pub async fn connect(registry: &str) -> Result<ServiceClient, Error> {
         ServiceClient::connect_with(registry, ServiceConfig::default()).await
@@ -417,7 +416,7 @@ impl ServiceClient {
     pub async fn instances(&self, service: &str) -> Result<Vec<Instance>, Error> {
         let (known, instances) = match self.inner.config.mode {
             Mode::Direct => {
-                let view = self.pool(service).await?.view();
+                let view = self.pool(service).await?.pool.view();
                 (view.known, view.listed.iter().map(|e| e.instance()).collect::<Vec<_>>())
             }
             Mode::Relayed => {
@@ -437,14 +436,14 @@ impl ServiceClient {
     pub fn cached_instances(&self, service: &str) -> Option<Vec<Instance>> {
         let pools = self.inner.pools.load();
         let pool = pools.get(service)?;
-        Some(pool.view().listed.iter().map(|e| e.instance()).collect())
+        Some(pool.pool.view().listed.iter().map(|e| e.instance()).collect())
     }
 
     /// Each instance of `service` as this client sees it: out of rotation or not (and why),
     /// attempts sent, calls outstanding, measured latency. Empty if the service was never
     /// called (direct mode) or in relayed mode.
     pub fn instance_stats(&self, service: &str) -> Vec<InstanceStats> {
-        self.inner.pools.load().get(service).map(|p| p.instance_stats()).unwrap_or_default()
+        self.inner.pools.load().get(service).map(|p| p.pool.instance_stats()).unwrap_or_default()
     }
 
     /// The client id the registry allocated (the upper half of every request id).
@@ -465,7 +464,7 @@ impl ServiceClient {
         let r = i.registry.stats();
         let mut instance_transport = i.pool_stats.retired();
         for p in i.pools.load().values() {
-            add_snapshot(&mut instance_transport, &p.counters());
+            instance_transport.add(&p.pool.counters());
         }
         ServiceClientStats {
             mode: i.config.mode,
@@ -539,8 +538,9 @@ impl ServiceClient {
         }
     }
 
-    /// The pool of `service`, resolved (one look-up) and watched from first use on.
-    async fn pool(&self, service: &str) -> Result<Arc<Pool>, Error> {
+    /// The instances of `service` and their calls' retry state, resolved (one look-up) and
+    /// watched from first use on.
+    async fn pool(&self, service: &str) -> Result<Arc<Retrier>, Error> {
         if let Some(p) = self.inner.pools.load().get(service) {
             return Ok(p.clone());
         }
@@ -550,24 +550,27 @@ impl ServiceClient {
                 let resolved = self.inner.registry.resolve(service).await?;
                 let c = &self.inner.config;
                 let config = PoolConfig {
-                    retry_budget: c.retry_budget,
-                    hedge: c.hedge,
                     outliers: c.outliers,
                     prefer_local: c.prefer_local,
                     ..PoolConfig::new(
                         c.balance,
                         c.quarantine,
-                        c.max_attempts.max(1),
                         self.inner.registry.client_config(&ClientConfig {
                             keepalive: c.instance_keepalive.or(c.client.keepalive),
                             ..c.client.clone()
                         }),
                     )
                 };
+                let retry = RetryConfig {
+                    max_attempts: c.max_attempts.max(1),
+                    retry_budget: c.retry_budget,
+                    hedge: c.hedge,
+                };
                 let pool = Pool::new(service.to_string(), config, self.inner.pool_stats.clone());
                 pool.apply(resolved);
+                let pool = Arc::new(Retrier::new(pool, retry));
                 tokio::spawn(watch_loop(
-                    Arc::downgrade(&pool),
+                    Arc::downgrade(&pool.pool),
                     self.inner.registry.clone(),
                     self.inner.stop.clone(),
                     self.inner.config.watch_timeout,

@@ -1,8 +1,10 @@
 //! The instances of one service as a caller sees them: a cached list, one connection per
-//! instance, balancing, key routing, ejecting instances that stop answering (and probing them
-//! later, see [`ejection`](super::ejection)), and failover.
+//! instance, balancing, key routing, and ejecting instances that stop answering or stand out
+//! (and probing them later, see [`ejection`](super::ejection)). What an attempt's outcome
+//! teaches the pool is [`Pool::learn`]; the attempts themselves (retries, failover, hedges) are
+//! [`retry`](crate::retry)'s.
 //!
-//! Used by both callers of instances: a [`ServiceClient`](super::ServiceClient) in direct
+//! Used by both callers of instances: a [`ServiceClient`](crate::ServiceClient) in direct
 //! mode (the list comes from the registry and is kept fresh by a watch) and the controller's
 //! relay (the list comes from its own store).
 
@@ -15,18 +17,16 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::time::Instant;
 
-use super::budget::Budget;
 use super::ejection::{Ejections, ProbeClock, Reason};
-pub(crate) use super::endpoint::Endpoint;
-use super::endpoint::{two_choices, two_choices_by_latency};
-use super::hash::HashRing;
-use super::latency::P95;
-use super::policy::{Hedge, InstanceStats, Outliers, RetryBudget};
-use super::pool_stats::{PoolStats, add_snapshot};
-use super::wire::{Instance, Resolved};
+use super::endpoint::Endpoint;
+use super::p2c::{two_choices, two_choices_by_latency};
+use super::policy::{InstanceStats, Outliers};
+use super::ring::HashRing;
+use super::stats::PoolStats;
 use crate::client::ClientConfig;
+use crate::discovery::{Instance, Resolved};
 use crate::error::Error;
-use crate::stats::Snapshot;
+use crate::metrics::stats::Snapshot;
 use crate::transport::Address;
 
 /// How a call without a key picks among the instances of a service.
@@ -68,76 +68,43 @@ pub(crate) struct PoolConfig {
     /// How long an instance that stopped answering is left out before it is probed (if the
     /// registry still lists it); each failed probe doubles it, up to 16 times.
     pub quarantine: Duration,
-    /// Most instances one call tries (idempotent calls fail over; any call moves on when
-    /// connecting fails, since nothing was sent).
-    pub max_attempts: usize,
     /// For the connections to instances (carries the owner's client id and sequence).
     pub client: ClientConfig,
     /// Keep the last good list when an update lists no usable instance. Right for clients
     /// (the registry may have lost its state while the instances still work); the
     /// controller's relay reads its own store, which is the truth, and turns this off.
     pub keep_last_good: bool,
-    /// Retries of idempotent calls after retryable errors, and the budget for them and for
-    /// hedges (`None`: failover after a lost connection only, unbudgeted).
-    pub retry_budget: Option<RetryBudget>,
-    pub hedge: Option<Hedge>,
     pub outliers: Option<Outliers>,
     /// Connect to instances on this host through their same-host addresses.
     pub prefer_local: bool,
 }
 
 impl PoolConfig {
-    /// A pool with nothing but failover after a lost connection.
-    pub fn new(
-        balance: Balance,
-        quarantine: Duration,
-        max_attempts: usize,
-        client: ClientConfig,
-    ) -> PoolConfig {
-        PoolConfig {
-            balance,
-            quarantine,
-            max_attempts,
-            client,
-            keep_last_good: true,
-            retry_budget: None,
-            hedge: None,
-            outliers: None,
-            prefer_local: false,
-        }
+    /// A pool that balances by `balance` and nothing else.
+    pub fn new(balance: Balance, quarantine: Duration, client: ClientConfig) -> PoolConfig {
+        PoolConfig { balance, quarantine, client, keep_last_good: true, outliers: None, prefer_local: false }
     }
 }
 
-/// The state the resilience settings need, made once per pool from its config.
-pub(crate) struct Guards {
-    /// Tokens for retries and hedges: the configured budget, or a default one for hedges.
-    pub budget: Option<Budget>,
-    /// Retries beyond failover are on (a budget was configured).
-    pub budgeted_retries: bool,
-    /// Attempts are timed (peak-EWMA balancing, outliers, hedging after the p95).
+/// What the pool measures of its calls, settled once from its config.
+pub(crate) struct Load {
+    /// Attempts are timed for the pool (peak-EWMA balancing, outlier ejection).
     pub measures: bool,
     /// Outstanding calls are counted (least-outstanding and peak-EWMA balancing).
     pub tracks_load: bool,
-    pub p95: P95,
     /// When latencies are next compared (outlier ejection).
-    pub latency_check: ProbeClock,
+    latency_check: ProbeClock,
 }
 
-impl Guards {
-    pub fn new(c: &PoolConfig) -> Guards {
-        let budget = c.retry_budget.or(c.hedge.map(|_| RetryBudget::default()));
+impl Load {
+    fn new(c: &PoolConfig) -> Load {
         let latency_check = ProbeClock::default();
         if let Some(o) = c.outliers {
             latency_check.set(Some(Instant::now() + o.check_every));
         }
-        Guards {
-            budget: budget.as_ref().map(Budget::new),
-            budgeted_retries: c.retry_budget.is_some(),
-            measures: c.balance == Balance::PeakEwma
-                || c.outliers.is_some()
-                || matches!(c.hedge, Some(Hedge::P95 { .. })),
+        Load {
+            measures: c.balance == Balance::PeakEwma || c.outliers.is_some(),
             tracks_load: matches!(c.balance, Balance::LeastOutstanding | Balance::PeakEwma),
-            p95: P95::new(),
             latency_check,
         }
     }
@@ -155,7 +122,7 @@ pub(crate) struct View {
     /// better than failing without trying).
     out: Vec<bool>,
     /// `listed` without the instances out of rotation.
-    pub(super) active: Vec<Arc<Endpoint>>,
+    active: Vec<Arc<Endpoint>>,
     /// The ring over `listed`, made on the first keyed call (a caller that never routes by key
     /// never pays for it) and shared by the views that differ only in who is out.
     ring: Arc<OnceLock<HashRing>>,
@@ -186,15 +153,15 @@ impl View {
 /// The instances of one service.
 pub(crate) struct Pool {
     pub service: String,
-    pub(super) view: ArcSwap<View>,
-    pub(super) config: PoolConfig,
-    pub(super) guards: Guards,
+    view: ArcSwap<View>,
+    pub config: PoolConfig,
+    pub load: Load,
     rr: AtomicU64,
     /// Instances out of rotation, and when to probe them.
     ejections: Mutex<Ejections>,
     /// When the next probe is due. Read by every call, so it lives outside the view: starting
     /// or failing a probe rebuilds nothing.
-    pub(super) next_probe: ProbeClock,
+    next_probe: ProbeClock,
     /// Serializes view rebuilds (updates and ejections), which are rare.
     update: Mutex<()>,
     pub stats: Arc<PoolStats>,
@@ -209,7 +176,7 @@ impl Pool {
             view: ArcSwap::from_pointee(View::empty()),
             ejections: Mutex::new(Ejections::new(config.quarantine)),
             next_probe: ProbeClock::default(),
-            guards: Guards::new(&config),
+            load: Load::new(&config),
             config,
             rr: AtomicU64::new(0),
             update: Mutex::new(()),
@@ -345,7 +312,7 @@ impl Pool {
 
     /// Takes an instance out of rotation until it is probed. Outliers (failing or slow) are
     /// left in if that would put more than the configured share of the instances out.
-    pub(super) fn eject(&self, ep: &Endpoint, reason: Reason, why: &Error) {
+    pub fn eject(&self, ep: &Endpoint, reason: Reason, why: &Error) {
         let fresh = {
             let mut ej = self.ejections.lock();
             if reason.is_outlier() && !ej.is_ejected(&ep.address) {
@@ -379,7 +346,7 @@ impl Pool {
     /// no server offers: any reply, the refusal included, shows the instance reads and
     /// answers; a frozen process whose kernel still accepts connections does not pass). The
     /// view does not change until a probe succeeds. Runs on a call's task, inside the runtime.
-    pub(super) fn start_probes(&self) {
+    fn start_probes(&self) {
         let due = {
             let mut ej = self.ejections.lock();
             // Those due in the next moments too: many ejected instances are probed in a few
@@ -443,7 +410,7 @@ impl Pool {
             .collect()
     }
 
-    pub(super) fn no_instances(&self, view: &View) -> Error {
+    fn no_instances(&self, view: &View) -> Error {
         if view.known {
             Error::NoInstances { service: self.service.clone() }
         } else {
@@ -452,7 +419,7 @@ impl Pool {
     }
 
     /// Picks an instance for `route`, avoiding those already `tried` by this call.
-    pub(super) fn pick(&self, view: &View, route: &Pick, tried: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
+    pub fn pick(&self, view: &View, route: &Pick, tried: &[Arc<Endpoint>]) -> Option<Arc<Endpoint>> {
         let was_tried = |e: &Arc<Endpoint>| tried.iter().any(|t| Arc::ptr_eq(t, e));
         let active = &view.active;
         match route {
@@ -488,14 +455,106 @@ impl Pool {
         }
     }
 
+    /// The next instance to try, avoiding those `tried`, unless `tried` already holds
+    /// `max_attempts`; starts the probes that are due.
+    pub fn next(
+        &self,
+        route: &Pick,
+        tried: &[Arc<Endpoint>],
+        max_attempts: usize,
+    ) -> Result<Arc<Endpoint>, Error> {
+        if self.next_probe.take_turn() {
+            self.start_probes();
+        }
+        // A guard, not a clone: the view is only needed until the pick.
+        let view = self.view.load();
+        match tried.len() < max_attempts {
+            true => self.pick(&view, route, tried).ok_or_else(|| self.no_instances(&view)),
+            false => Err(self.no_instances(&view)),
+        }
+    }
+
+    /// What an attempt's outcome says about its instance: `timed` is how long it took (and
+    /// when it ended), if the attempt was timed.
+    pub fn learn(&self, ep: &Arc<Endpoint>, timed: Option<(Duration, Instant)>, err: Option<&Error>) {
+        if let Some(e) = err.filter(|e| unreachable(e)) {
+            self.eject(ep, Reason::Unreachable, e);
+        }
+        // A failure that came back at once says nothing about the instance's speed (a broken
+        // instance that answers errors fast must not look like the fastest); a timeout does.
+        if let Some((took, now)) = timed.filter(|_| err.is_none_or(|e| matches!(e, Error::Timeout(_)))) {
+            ep.latency.observe(took, now);
+        }
+        let Some(o) = self.config.outliers else { return };
+        match err.filter(|e| counts_as_failure(e)) {
+            None => {
+                if ep.failures.load(Relaxed) != 0 {
+                    ep.failures.store(0, Relaxed);
+                }
+            }
+            Some(e) => {
+                let n = ep.failures.fetch_add(1, Relaxed) + 1;
+                if o.consecutive_failures > 0 && n >= o.consecutive_failures {
+                    self.eject(ep, Reason::Failing, e);
+                }
+            }
+        }
+        if o.latency_factor > 0.0 && self.load.latency_check.take_turn() {
+            self.load.latency_check.set(Some(Instant::now() + o.check_every));
+            self.eject_slow(o.latency_factor, o.min_latency);
+        }
+    }
+
+    /// Ejects the instances in rotation whose latency is more than `factor` times the (lower)
+    /// median of them all, and above `floor`.
+    fn eject_slow(&self, factor: f64, floor: Duration) {
+        let now = Instant::now();
+        let view = self.view.load_full();
+        let measured: Vec<(&Arc<Endpoint>, f64)> =
+            view.active.iter().filter_map(|e| Some((e, e.latency.get(now)?))).collect();
+        if measured.len() < 2 {
+            return;
+        }
+        let mut sorted: Vec<f64> = measured.iter().map(|m| m.1).collect();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[(sorted.len() - 1) / 2];
+        for (ep, latency) in measured {
+            if latency > median * factor && latency > floor.as_nanos() as f64 {
+                let why = Error::Timeout(Duration::from_nanos(latency as u64));
+                self.eject(ep, Reason::Slow, &why);
+            }
+        }
+    }
+
     /// Transport counters of the live connections of this pool.
     pub fn counters(&self) -> Snapshot {
         let mut acc = Snapshot::default();
         for e in &self.view.load().listed {
-            add_snapshot(&mut acc, &e.counters());
+            acc.add(&e.counters());
         }
         acc
     }
+}
+
+/// The instance is gone (or going), whatever the request: leave it out.
+pub(crate) fn unreachable(e: &Error) -> bool {
+    matches!(e, Error::Connection(_)) || e.code() == Some(crate::proto::Code::ShuttingDown)
+}
+
+/// Counts towards an instance's failures in a row (outlier ejection).
+fn counts_as_failure(e: &Error) -> bool {
+    use crate::proto::Code;
+    matches!(e, Error::Connection(_) | Error::Closed | Error::Timeout(_))
+        || matches!(
+            e.code(),
+            Some(
+                Code::Overloaded
+                    | Code::ShuttingDown
+                    | Code::Internal
+                    | Code::Panicked
+                    | Code::DeadlineExceeded
+            )
+        )
 }
 
 #[cfg(test)]
@@ -503,12 +562,12 @@ mod tests {
     use super::*;
 
     fn pool(balance: Balance) -> Arc<Pool> {
-        let config = PoolConfig::new(balance, Duration::from_secs(60), 3, ClientConfig::default());
+        let config = PoolConfig::new(balance, Duration::from_secs(60), ClientConfig::default());
         Pool::new("svc".into(), config, Arc::default())
     }
 
     fn inst(id: u64, addr: &str, weight: u32) -> Instance {
-        super::super::InstanceSpec::new("svc", addr).weight(weight).instance(id, 1)
+        crate::discovery::InstanceSpec::new("svc", addr).weight(weight).instance(id, 1)
     }
 
     fn resolved(epoch: u64, revision: u64, settling: bool, instances: Vec<Instance>) -> Resolved {

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::metrics::histogram::{Histogram, Shape};
+use super::histogram::{Histogram, Shape};
 
 /// Live counters. Updated once per frame or batch, not per message, so they cost nothing
 /// measurable on the hot path.
@@ -28,6 +28,18 @@ pub struct Snapshot {
     pub frames_received: u64,
     pub messages_received: u64,
     pub bytes_received: u64,
+}
+
+impl Snapshot {
+    /// Adds `s` to these counters (the connections of a pool, together).
+    pub(crate) fn add(&mut self, s: &Snapshot) {
+        self.frames_sent += s.frames_sent;
+        self.messages_sent += s.messages_sent;
+        self.bytes_sent += s.bytes_sent;
+        self.frames_received += s.frames_received;
+        self.messages_received += s.messages_received;
+        self.bytes_received += s.bytes_received;
+    }
 }
 
 impl Counters {

@@ -73,8 +73,8 @@ pub struct InstanceSpec {
     pub host_id: String,
     /// More addresses of the same instance that only a caller on its host can open
     /// (`shm://…`, `unix://…`), in the server's order of preference. A
-    /// [`ServiceClient`](super::ServiceClient) with
-    /// [`prefer_local`](super::ServiceConfig::prefer_local) on that host connects through the
+    /// [`ServiceClient`](crate::ServiceClient) with
+    /// [`prefer_local`](crate::service_client::ServiceConfig::prefer_local) on that host connects through the
     /// first one it can open; every other caller uses `address`. At most
     /// [`MAX_LOCAL_ADDRESSES`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
