@@ -44,16 +44,23 @@ pub fn serve(
             }
         };
         let bound = controller.listen(listen).await.map_err(|e| e.to_string())?;
-        eprintln!("registry controller on {bound}, store {store} (Ctrl-C to stop)");
+        eprintln!("registry controller on {bound}, store {store} (SIGTERM or Ctrl-C to stop)");
         if let Some(admin) = controller.admin_address() {
             eprintln!("admin endpoint on http://{admin}/ (/metrics, /vars.json)");
         }
         // Scripts read the bound address (with the real port for tcp://HOST:0) from stdout.
         outln!("{bound}");
-        tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
-        eprintln!("shutting down");
-        controller.shutdown().await;
-        Ok(())
+        let signal = volley::shutdown_signal().await.map_err(|e| e.to_string())?;
+        // Pending watches are answered at once and every connection gets a go-away, so clients
+        // with a list of controllers move to the next (a second signal stops at once).
+        eprintln!("{signal:?}: shutting down");
+        tokio::select! {
+            () = controller.shutdown() => Ok(()),
+            _ = volley::shutdown_signal() => {
+                eprintln!("second signal: stopping at once");
+                std::process::exit(1)
+            }
+        }
     })
 }
 

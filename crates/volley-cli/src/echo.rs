@@ -1,5 +1,7 @@
 //! The built-in echo service.
 
+use std::time::Duration;
+
 use volley::bytes::Bytes;
 use volley::discovery::InstanceSpec;
 use volley::registry::{LeaseConfig, Registry};
@@ -97,14 +99,17 @@ pub struct Listen {
     pub local: Vec<String>,
 }
 
-/// `volley serve-echo`: serves until Ctrl-C, then shuts down gracefully (deregistering first
-/// if it registered). A registry that refuses the server for good (a wrong token or
-/// registration credential) ends it too, with a non-zero status.
+/// `volley serve-echo`: serves until SIGTERM or SIGINT (Ctrl-C), then stops gracefully
+/// (`Server::stop_gracefully`: deregistered first, serving `grace` longer while callers move,
+/// then a go-away and the drain) and exits 0; a second signal stops it at once. A registry that
+/// refuses the server for good (a wrong token or registration credential) ends it too, with a
+/// non-zero status.
 pub fn serve(
     listen: &Listen,
     registry: Option<&str>,
     name: &str,
     admin: Option<String>,
+    grace: Duration,
     security: &Security,
 ) -> Result<(), String> {
     if !listen.local.is_empty() && registry.is_some() && volley::discovery::host_id().is_none() {
@@ -137,7 +142,7 @@ pub fn serve(
             b
         });
         let bound = server.listen(&listen.address).await.map_err(|e| e.to_string())?;
-        eprintln!("serving {name} on {bound} (Ctrl-C to stop)");
+        eprintln!("serving {name} on {bound} (SIGTERM or Ctrl-C to stop)");
         let mut local = Vec::new();
         for a in &listen.local {
             let l = server.listen(a).await.map_err(|e| format!("--listen-local {a}: {e}"))?.to_string();
@@ -169,13 +174,29 @@ pub fn serve(
                 }
             });
         }
-        let ended = tokio::select! {
-            r = tokio::signal::ctrl_c() => r.map_err(|e| e.to_string()),
-            Some(why) = fatal.recv() => Err(why),
+        let signal = tokio::select! {
+            r = volley::shutdown_signal() => r.map_err(|e| e.to_string())?,
+            Some(why) = fatal.recv() => {
+                eprintln!("shutting down");
+                server.shutdown().await;
+                return Err(why);
+            }
         };
-        eprintln!("shutting down");
-        server.shutdown().await;
-        ended
+        eprintln!("{signal:?}: stopping gracefully: deregistering, serving {grace:?} more, then draining (a second signal stops at once)");
+        let drain = volley::Drain::default().grace(grace);
+        tokio::select! {
+            drained = server.stop_gracefully(drain) => {
+                if !drained {
+                    eprintln!("the drain deadline passed: requests still running were answered ShuttingDown");
+                }
+                eprintln!("stopped");
+                Ok(())
+            }
+            _ = volley::shutdown_signal() => {
+                eprintln!("second signal: stopping at once");
+                std::process::exit(1)
+            }
+        }
     })
 }
 

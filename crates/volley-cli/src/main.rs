@@ -71,6 +71,10 @@ enum Command {
         /// status page at /, Prometheus metrics at /metrics, JSON at /vars.json.
         #[arg(long, value_name = "ADDR")]
         admin: Option<String>,
+        /// On SIGTERM or SIGINT: how long to keep serving after deregistering, while callers
+        /// move to other instances, before the go-away (a second signal stops at once).
+        #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+        grace: f64,
         #[command(flatten)]
         security: echo::Security,
     },
@@ -185,9 +189,12 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::ServeEcho { listen, registry, name, advertise, listen_local, admin, security } => {
+        Command::ServeEcho { listen, registry, name, advertise, listen_local, admin, grace, security } => {
             let listen = echo::Listen { address: listen, advertise, local: listen_local };
-            echo::serve(&listen, registry.as_deref(), &name, admin, &security)
+            match Duration::try_from_secs_f64(grace) {
+                Ok(grace) => echo::serve(&listen, registry.as_deref(), &name, admin, grace, &security),
+                Err(_) => Err(format!("--grace {grace}: expected a number of seconds, 0 or more")),
+            }
         }
         Command::Controller { listen, store, registration_credential, token, admin } => {
             controller::serve(&listen, &store, registration_credential, token, admin)

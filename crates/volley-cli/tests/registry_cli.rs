@@ -239,3 +239,54 @@ fn serve_echo_advertises_a_shm_address_and_bench_prefer_local_takes_it() {
     );
     assert_refused(&["bench", "--prefer-local", "--duration", "0.1"], "--prefer-local", "--mode direct");
 }
+
+/// The instances of `name` that `ls` lists now.
+fn listed(registry: &str, name: &str) -> usize {
+    let out = volley().args(["ls", "--registry", registry, "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let service = v["services"].as_array().unwrap().iter().find(|s| s["name"] == name).cloned();
+    service.map_or(0, |s| s["instances"].as_array().map_or(0, Vec::len))
+}
+
+/// Sends `signal` (`TERM`, `INT`) to `child`.
+fn signal(child: &std::process::Child, signal: &str) {
+    let ok = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+    assert!(ok.success());
+}
+
+/// `serve-echo` stops gracefully on SIGTERM and on SIGINT: it leaves the registry at once (not
+/// when its lease lapses), serves through its grace, and exits 0.
+#[test]
+fn serve_echo_leaves_the_registry_and_exits_0_on_sigterm_and_sigint() {
+    let (_c, registry, _) = controller(&[]);
+    for sig in ["TERM", "INT"] {
+        let name = format!("echo-stop-{sig}-{}", std::process::id());
+        let serve = ["serve-echo", "--listen", "tcp://127.0.0.1:0", "--name", &name, "--grace", "0.5"];
+        let mut echo = Child(
+            volley().args(serve).args(["--registry", &registry]).stderr(Stdio::piped()).spawn().unwrap(),
+        );
+        let t0 = Instant::now();
+        while listed(&registry, &name) == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "serve-echo never registered");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        signal(&echo.0, sig);
+        let t0 = Instant::now();
+        while listed(&registry, &name) != 0 {
+            // The lease is 10 s: gone well before it means it deregistered itself.
+            assert!(t0.elapsed() < Duration::from_secs(5), "SIG{sig}: still listed after 5 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = loop {
+            if let Some(s) = echo.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "SIG{sig}: serve-echo did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        echo.0.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        assert!(status.success(), "SIG{sig}: {status:?}\n{stderr}");
+        assert!(stderr.contains("stopping gracefully") && stderr.contains("stopped"), "{stderr}");
+    }
+}

@@ -16,9 +16,16 @@ pub enum Error {
     /// overload ...). Match on [`Status::code`].
     #[error("remote error: {0}")]
     Remote(Status),
-    /// The connection was lost (or never made) before the call ended.
+    /// The connection was lost (or never made) before the call ended. The request may have
+    /// reached its handler: send it again only if the method is idempotent.
     #[error("connection error: {0}")]
     Connection(String),
+    /// The request was never handed to a handler: its server was going away
+    /// (`GoAway(ShuttingDown)`, PROTOCOL.md §9.6.2) and had answered everything it started.
+    /// Safe to send again, whatever the method; a
+    /// [`ServiceClient`](crate::ServiceClient) sends it to another instance at once.
+    #[error("not run: {0}")]
+    NotRun(String),
     /// The peer broke the wire protocol; the connection was closed.
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtocolError),
@@ -70,7 +77,7 @@ impl Error {
     ///
     /// | Class | Errors |
     /// |---|---|
-    /// | transient | `Timeout`, `Connection`, `Closed`, `NoInstances`, `UnknownService`; `Remote` with `Overloaded`, `ShuttingDown`, `DeadlineExceeded`, `Cancelled`, `UnknownService` |
+    /// | transient | `Timeout`, `Connection`, `NotRun`, `Closed`, `NoInstances`, `UnknownService`; `Remote` with `Overloaded`, `ShuttingDown`, `DeadlineExceeded`, `Cancelled`, `UnknownService` |
     /// | permanent | `Unauthenticated`, `Usage`, `InvalidAddress`, `Encode`, `Decode`, `TooLarge`, `Protocol`; `Remote` with `BadRequest`, `Unauthenticated`, `UnknownMethod`, `TooLarge`, `Protocol` |
     /// | other | `Remote` with `Application`, `Panicked`, `Internal` or a code this version does not know |
     ///
@@ -80,6 +87,7 @@ impl Error {
         match self {
             Error::Timeout(_)
             | Error::Connection(_)
+            | Error::NotRun(_)
             | Error::Closed
             | Error::NoInstances { .. }
             | Error::UnknownService(_) => ErrorClass::Transient,

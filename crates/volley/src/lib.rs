@@ -100,7 +100,8 @@ pub use metrics::stats::Snapshot;
 pub use proto::{Code, Extensions, Limits, ProtocolError, TraceParent};
 pub use registry::Registry;
 pub use server::{
-    BatchResult, ConcurrencyLimit, ConnectionCounts, Server, ServerBuilder, ServerConfig, current_peer,
+    BatchResult, ConcurrencyLimit, ConnectionCounts, Drain, Server, ServerBuilder, ServerConfig, StopSignal,
+    current_peer, shutdown_signal,
 };
 pub use service_client::ServiceClient;
 pub use transport::Address;

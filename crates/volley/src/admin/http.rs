@@ -94,6 +94,7 @@ pub(super) async fn respond(stream: &mut TcpStream, r: Response, head_only: bool
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        503 => "Service Unavailable",
         _ => "Error",
     };
     let head = format!(

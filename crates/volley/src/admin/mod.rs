@@ -34,6 +34,8 @@ pub(crate) trait Source: Send + Sync + 'static {
     /// Everything now; the registry's listing only if `registry` (the once-a-second snapshots
     /// for recent rates need only the methods).
     fn scrape(&self, registry: bool) -> BoxFuture<'_, Option<Scrape>>;
+    /// Whether the server takes new callers, or why not (`None` once it is gone).
+    fn ready(&self) -> Option<Result<(), String>>;
 }
 
 /// Parses an admin address: `HOST:PORT`, or a bare `PORT` on the loopback interface.
@@ -123,8 +125,24 @@ async fn route(path: &str, source: &dyn Source, window: &Window) -> Response {
     use crate::metrics::prometheus;
     match path {
         "/" => return Response::new(200, "text/html; charset=utf-8", page::HTML),
+        // Liveness: the process serves (this endpoint lives until the server is gone).
+        "/healthz" => return Response::text(200, "ok\n"),
+        // Readiness: the server takes new callers (not while it leaves, nor with a dead
+        // listener), as Kubernetes' readiness probes expect.
+        "/readyz" => {
+            return match source.ready() {
+                Some(Ok(())) => Response::text(200, "ready\n"),
+                Some(Err(why)) => Response::text(503, &format!("not ready: {why}\n")),
+                None => Response::text(503, "not ready: the server is gone\n"),
+            };
+        }
         "/metrics" | "/vars.json" => {}
-        _ => return Response::text(404, "not found: the admin endpoint serves /, /metrics and /vars.json\n"),
+        _ => {
+            return Response::text(
+                404,
+                "not found: the admin endpoint serves /, /metrics, /vars.json, /healthz and /readyz\n",
+            );
+        }
     }
     let Some(scrape) = source.scrape(true).await else {
         return Response::text(404, "the server is gone\n");

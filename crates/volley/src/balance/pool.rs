@@ -538,13 +538,13 @@ impl Pool {
 
 /// The instance is gone (or going), whatever the request: leave it out.
 pub(crate) fn unreachable(e: &Error) -> bool {
-    matches!(e, Error::Connection(_)) || e.code() == Some(crate::proto::Code::ShuttingDown)
+    matches!(e, Error::Connection(_) | Error::NotRun(_)) || e.code() == Some(crate::proto::Code::ShuttingDown)
 }
 
 /// Counts towards an instance's failures in a row (outlier ejection).
 fn counts_as_failure(e: &Error) -> bool {
     use crate::proto::Code;
-    matches!(e, Error::Connection(_) | Error::Closed | Error::Timeout(_))
+    matches!(e, Error::Connection(_) | Error::NotRun(_) | Error::Closed | Error::Timeout(_))
         || matches!(
             e.code(),
             Some(

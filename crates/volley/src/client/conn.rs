@@ -88,6 +88,9 @@ struct Turn {
     go_away: Option<String>,
     /// The server refused this client (its go-away said `Unauthenticated`).
     refused: bool,
+    /// The server is shutting down (its go-away said `ShuttingDown`): it answered every request
+    /// it handed to a handler, so what is still unanswered never ran.
+    leaving: bool,
 }
 
 /// Deadlines without a timer per call: each waiter's deadline sits in the pending table, and
@@ -301,6 +304,10 @@ impl StreamConn {
                 let why = turn.go_away.as_deref().unwrap_or("refused");
                 Error::Unauthenticated(format!("{}: {why}", self.peer))
             }
+            Ok(false) if turn.leaving => {
+                let why = turn.go_away.as_deref().unwrap_or("going away");
+                Error::NotRun(format!("{}: {why}", self.peer))
+            }
             Ok(false) => {
                 let why = turn.go_away.as_deref().unwrap_or("closed the connection");
                 Error::Connection(format!("{}: {why}", self.peer))
@@ -311,6 +318,9 @@ impl StreamConn {
                 Error::Protocol(e)
             }
             Err(e) if turn.refused => Error::Unauthenticated(format!("{}: {e}", self.peer)),
+            // The stream broke after the go-away: the server had still answered everything it
+            // ran before sending it.
+            Err(e) if turn.leaving => Error::NotRun(format!("{}: {e} after its go-away", self.peer)),
             Err(e) => Error::Connection(format!("{}: {e}", self.peer)),
         })
     }
@@ -319,7 +329,7 @@ impl StreamConn {
     /// a go-away.
     fn deliver(&self, turn: &mut Turn) {
         let mut pings = Vec::new();
-        let Turn { batch, done, go_away, refused } = turn;
+        let Turn { batch, done, go_away, refused, leaving } = turn;
         let replies = batch.drain(..).filter_map(|m| match m {
             Message::Reply { id, payload } => Some((id, Ok(Reply::One(payload)))),
             Message::BatchReply { id, items } => Some((id, Ok(Reply::Batch(items)))),
@@ -332,6 +342,7 @@ impl StreamConn {
             }
             Message::GoAway { code, message } => {
                 *refused |= code == Code::Unauthenticated;
+                *leaving |= code == Code::ShuttingDown;
                 *go_away = Some(format!("server going away ({code}): {}", as_str(&message)));
                 None
             }

@@ -54,7 +54,7 @@ pub(crate) fn error_index(e: &Error) -> usize {
     match e {
         Error::Remote(status) => code_index(status.code),
         Error::Timeout(_) => 14,
-        Error::Connection(_) => 15,
+        Error::Connection(_) | Error::NotRun(_) => 15,
         Error::Encode(_) => 16,
         Error::Decode(_) => 17,
         Error::Closed => 18,

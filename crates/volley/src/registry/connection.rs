@@ -332,6 +332,11 @@ impl Registry {
                     last_err = Some(e);
                     continue;
                 }
+                // A controller going away never ran the call: any call moves on.
+                Err(e @ Error::NotRun(_)) => {
+                    last_err = Some(e);
+                    continue;
+                }
                 _ => {}
             }
             if k > 0 {

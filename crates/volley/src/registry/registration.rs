@@ -124,8 +124,8 @@ impl Registry {
             stop: CancellationToken::new(),
             done: CancellationToken::new(),
         });
-        let keeper = keep_alive(self.clone(), shared.clone(), instances, lease, server.shutdown_token());
-        server.spawn_tracked(keeper);
+        let keeper = keep_alive(self.clone(), shared.clone(), instances, lease, server.leaving_token());
+        server.spawn_departure(keeper);
         Ok(Registration { shared })
     }
 }
@@ -177,7 +177,7 @@ async fn keep_alive(
     shared: Arc<Shared>,
     instances: Vec<InstanceSpec>,
     lease: LeaseConfig,
-    server_shutdown: CancellationToken,
+    server_leaving: CancellationToken,
 ) {
     let mut wait = lease.renew_interval();
     // Whether the last exchange reached the controller: then a lost connection means it went
@@ -187,7 +187,7 @@ async fn keep_alive(
     loop {
         tokio::select! {
             biased;
-            _ = server_shutdown.cancelled() => break,
+            _ = server_leaving.cancelled() => break,
             _ = shared.stop.cancelled() => break,
             _ = registry.connection_lost(), if reached => {
                 tracing::debug!("lost the registry connection; renewing as soon as it is back");
@@ -218,7 +218,9 @@ async fn renew_or_register(
     // A controller that cannot be reached is tried again when the registry's reconnect pacing
     // allows (a quarter of a second at most), not a tenth of the lease time later.
     let retry = |e: &Error| match e {
-        Error::Connection(_) => registry.reconnect_wait().clamp(Duration::from_millis(10), retry_every),
+        Error::Connection(_) | Error::NotRun(_) => {
+            registry.reconnect_wait().clamp(Duration::from_millis(10), retry_every)
+        }
         _ => retry_every,
     };
     let id = shared.lease.load(Relaxed);
@@ -241,12 +243,12 @@ async fn renew_or_register(
             }
             Err(e) => {
                 log_failure("registering again", &e);
-                (retry(&e), !matches!(e, Error::Connection(_)))
+                (retry(&e), !matches!(e, Error::Connection(_) | Error::NotRun(_)))
             }
         },
         Err(e) => {
             log_failure("renewing the lease", &e);
-            (retry(&e), !matches!(e, Error::Connection(_)))
+            (retry(&e), !matches!(e, Error::Connection(_) | Error::NotRun(_)))
         }
     }
 }

@@ -18,17 +18,25 @@ use crate::error::Error;
 use crate::proto::Code;
 
 /// What the pool needs to know about a call to retry it.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Plan {
     /// Safe to send again (retries, failover after a lost connection, hedges).
     pub idempotent: bool,
     /// No retry starts after this.
     pub deadline: Option<Instant>,
+    /// The request can be sent again when its server never ran it (`Error::NotRun`).
+    pub resend_unrun: bool,
 }
 
 impl Plan {
     pub fn new(idempotent: bool, deadline: Option<Instant>) -> Plan {
-        Plan { idempotent, deadline }
+        Plan { idempotent, deadline, resend_unrun: true }
+    }
+
+    /// A request that goes out once, whatever happens after its connection is made (a batch
+    /// chunk, which is not copied for a second attempt: its items fail with the error).
+    pub fn once() -> Plan {
+        Plan { idempotent: false, deadline: None, resend_unrun: false }
     }
 }
 
@@ -121,7 +129,10 @@ impl Retrier {
                 other => return other,
             };
             tried.push(ep);
-            if !plan.idempotent || !self.may_retry(plan.deadline, tried.len()) {
+            // A request its server never ran (it was going away) is sent again whatever the
+            // method, and takes no token: it adds no work to the service.
+            let never_ran = plan.resend_unrun && matches!(e, Error::NotRun(_));
+            if !(plan.idempotent || never_ran) || !self.may_retry(plan.deadline, tried.len(), never_ran) {
                 return Err(e);
             }
             self.pool.stats.failovers.fetch_add(1, Relaxed);
@@ -130,13 +141,13 @@ impl Retrier {
     }
 
     /// Whether a failed call may go out again: time is left, another attempt is allowed, and
-    /// the budget (if any) gives a token.
-    fn may_retry(&self, deadline: Option<Instant>, tried: usize) -> bool {
+    /// the budget (if any) gives a token, unless the attempt is `free`.
+    fn may_retry(&self, deadline: Option<Instant>, tried: usize, free: bool) -> bool {
         if tried >= self.config.max_attempts || deadline.is_some_and(|d| d <= Instant::now()) {
             return false;
         }
         match &self.budget {
-            Some(b) if self.config.retry_budget.is_some() => {
+            Some(b) if self.config.retry_budget.is_some() && !free => {
                 let granted = b.withdraw();
                 if !granted {
                     self.pool.stats.retries_refused.fetch_add(1, Relaxed);

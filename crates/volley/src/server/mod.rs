@@ -16,6 +16,7 @@ mod batch;
 mod config;
 mod conn;
 mod dispatch;
+mod drain;
 mod handler;
 mod host;
 mod limit;
@@ -57,6 +58,7 @@ use shared::{Observe, Shared};
 pub use crate::metrics::ConnectionCounts;
 pub use batch::BatchResult;
 pub use config::ServerConfig;
+pub use drain::{Drain, StopSignal, shutdown_signal};
 pub use limit::ConcurrencyLimit;
 pub use peer::current_peer;
 pub(crate) use peer::{ConnectionScope, current_connection};
@@ -210,6 +212,11 @@ impl ServerBuilder {
             counters: Counters::default(),
             shutdown: CancellationToken::new(),
             closing: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            leaving: CancellationToken::new(),
+            departures: tokio_util::task::TaskTracker::new(),
+            failed_listeners: Mutex::new(Vec::new()),
+            gone: CancellationToken::new(),
             abort: CancellationToken::new(),
             admission: Arc::default(),
             host,
@@ -261,7 +268,7 @@ impl Server {
             let (listener, bound) = socket::bind(&addr, self.shared.config.tls.as_ref()).await?;
             #[cfg(not(feature = "tls"))]
             let (listener, bound) = socket::bind(&addr).await?;
-            self.shared.spawn(accept_loop(self.shared.clone(), listener));
+            self.shared.spawn(accept_loop(self.shared.clone(), listener, bound.clone()));
             bound
         };
         tracing::info!(address = %bound, "listening");
@@ -272,6 +279,7 @@ impl Server {
     /// Graceful shutdown: stops accepting, lets every request already received finish and its
     /// reply be written, then closes every connection. Returns when all of that is done.
     pub async fn shutdown(&self) {
+        self.leave();
         self.shared.closing.store(true, Ordering::Release);
         self.shared.shutdown.cancel();
         for addr in self.shared.bound.lock().drain(..) {
@@ -285,6 +293,62 @@ impl Server {
         }
         self.shared.host.tasks.close();
         self.shared.host.tasks.wait().await;
+        self.shared.gone.cancel();
+    }
+
+    /// Stops in the order a deploy needs, each step bounded by `drain`: the server stops being
+    /// ready (`/readyz` answers 503); its registrations revoke their leases, so callers stop
+    /// picking it (waited for up to `deregister_within`); it goes on serving for `grace` while
+    /// their watches move them elsewhere; then every connection gets a go-away
+    /// (`ShuttingDown`: what is unanswered then never ran, and a
+    /// [`ServiceClient`](crate::ServiceClient) sends it to another instance) and the handlers
+    /// still running get `deadline` to finish. Returns whether everything drained in time.
+    pub async fn stop_gracefully(&self, drain: Drain) -> bool {
+        self.leave();
+        self.shared.departures.close();
+        let _ = tokio::time::timeout(drain.deregister_within, self.shared.departures.wait()).await;
+        tokio::time::sleep(drain.grace).await;
+        self.shutdown_with_deadline(drain.deadline).await
+    }
+
+    /// Serves until the process gets `SIGTERM` or `SIGINT`, then stops gracefully
+    /// ([`stop_gracefully`](Self::stop_gracefully)); a second signal during the stop drops the
+    /// work still running and closes every connection at once. Returns the first signal, and
+    /// whether everything drained in time.
+    pub async fn serve_until_signal(&self, drain: Drain) -> std::io::Result<(StopSignal, bool)> {
+        let first = shutdown_signal().await?;
+        tracing::info!(signal = ?first, "stopping gracefully (a second signal stops at once)");
+        let stop = self.stop_gracefully(drain);
+        tokio::pin!(stop);
+        let drained = tokio::select! {
+            drained = &mut stop => drained,
+            second = shutdown_signal() => {
+                tracing::warn!(signal = ?second.ok(), "second signal: stopping at once");
+                self.shared.abort.cancel();
+                self.shutdown_with_deadline(Duration::ZERO).await;
+                false
+            }
+        };
+        Ok((first, drained))
+    }
+
+    /// The start of every way out: not ready any more, and the registrations revoke.
+    fn leave(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+        self.shared.leaving.cancel();
+    }
+
+    /// Whether the server takes new callers: it is not leaving, and every listener it opened
+    /// still accepts (what `/readyz` answers).
+    pub fn is_ready(&self) -> bool {
+        !self.shared.draining.load(Ordering::Acquire) && self.shared.failed_listeners.lock().is_empty()
+    }
+
+    /// The listeners that failed for good (their socket closed under them, or the kernel
+    /// refused it for good), with the error each ended with. Each stopped accepting; if none is
+    /// left, the server left the registry.
+    pub fn failed_listeners(&self) -> Vec<(Address, String)> {
+        self.shared.failed_listeners.lock().clone()
     }
 
     /// Like [`shutdown`](Self::shutdown), giving up waiting after `deadline` (the drain goes on
@@ -358,10 +422,16 @@ impl Server {
         weak
     }
 
-    /// Cancelled when shutdown starts. Layers built on the server (the registry's lease
-    /// keeper) watch it to act at once, for example to deregister before the drain ends.
-    pub(crate) fn shutdown_token(&self) -> CancellationToken {
-        self.shared.shutdown.clone()
+    /// Cancelled when the server starts to leave (a graceful stop, a shutdown, its last
+    /// listener failing). The registry's lease keeper watches it to deregister at once.
+    pub(crate) fn leaving_token(&self) -> CancellationToken {
+        self.shared.leaving.clone()
+    }
+
+    /// Runs `fut`, which takes the server out of the registry when it leaves, as one of its
+    /// tasks: a graceful stop waits for it (briefly) before it stops serving.
+    pub(crate) fn spawn_departure(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        self.shared.spawn(self.shared.departures.track_future(fut));
     }
 
     /// Runs `fut` as one of the server's tasks: [`shutdown`](Self::shutdown) waits for it.
@@ -385,8 +455,9 @@ impl Server {
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// Accepts connections and runs each in a task of its own: its handshake (none, or TLS) and
-/// preamble under the opening bound, then serving it.
-async fn accept_loop(shared: Arc<Shared>, listener: socket::Listener) {
+/// preamble under the opening bound, then serving it. A listener whose socket fails for good
+/// ends here: it says so once, and a server left with no listener leaves the registry.
+async fn accept_loop(shared: Arc<Shared>, listener: socket::Listener, address: Address) {
     loop {
         tokio::select! {
             biased;
@@ -396,6 +467,21 @@ async fn accept_loop(shared: Arc<Shared>, listener: socket::Listener) {
                     let ticket = shared.admission.opening(shared.config.max_handshakes);
                     shared.spawn(conn::accept(shared.clone(), accepted, ticket));
                 }
+                Err(e) if listener_dead(&e) => {
+                    tracing::error!(address = %address, error = %e, "listener failed: it stops accepting");
+                    let none_left = {
+                        let mut bound = shared.bound.lock();
+                        bound.retain(|a| *a != address);
+                        shared.failed_listeners.lock().push((address.clone(), e.to_string()));
+                        bound.is_empty()
+                    };
+                    if none_left {
+                        // Nothing reaches this server any more: callers must stop picking it.
+                        shared.draining.store(true, Ordering::Release);
+                        shared.leaving.cancel();
+                    }
+                    break;
+                }
                 Err(e) => {
                     // Out of file descriptors and the like: say so, back off, keep serving.
                     tracing::warn!(error = %e, "accept failed");
@@ -404,4 +490,19 @@ async fn accept_loop(shared: Arc<Shared>, listener: socket::Listener) {
             },
         }
     }
+}
+
+/// Whether an accept error means the listening socket itself is gone (closed under the server,
+/// or not a listening socket any more), not a passing shortage.
+#[cfg(target_os = "linux")]
+fn listener_dead(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    Errno::from_io_error(e)
+        .is_some_and(|n| [Errno::BADF, Errno::INVAL, Errno::NOTSOCK, Errno::OPNOTSUPP].contains(&n))
+}
+
+/// Elsewhere every accept error counts as passing (the errno values are Linux's).
+#[cfg(not(target_os = "linux"))]
+fn listener_dead(_: &std::io::Error) -> bool {
+    false
 }

@@ -67,6 +67,17 @@ impl crate::admin::Source for Source {
             Some(shared.scrape(registry).await)
         })
     }
+
+    fn ready(&self) -> Option<Result<(), String>> {
+        let shared = self.0.upgrade()?;
+        if let Some((address, error)) = shared.failed_listeners.lock().first() {
+            return Some(Err(format!("the listener on {address} failed: {error}")));
+        }
+        match shared.draining.load(std::sync::atomic::Ordering::Acquire) {
+            true => Some(Err("the server is stopping".into())),
+            false => Some(Ok(())),
+        }
+    }
 }
 
 /// Starts the server's admin endpoint if one is configured and not started yet.
@@ -79,14 +90,11 @@ pub(super) async fn start_admin(shared: &Arc<Shared>) -> Result<(), Error> {
         .admin
         .get_or_try_init(|| async move {
             let source = Arc::new(Source(Arc::downgrade(&owner)));
-            let stop = owner.shutdown.clone();
-            let weak = Arc::downgrade(&owner);
-            crate::admin::start(addr, source, stop, move |task| {
-                if let Some(s) = weak.upgrade() {
-                    s.spawn(task)
-                }
-            })
-            .await
+            // The endpoint outlives the drain (`/healthz` answers until the server is gone), so
+            // its tasks are not among those a shutdown waits for.
+            let stop = owner.gone.clone();
+            let runtime = owner.host.runtime.get().cloned().unwrap_or_else(tokio::runtime::Handle::current);
+            crate::admin::start(addr, source, stop, move |task| drop(runtime.spawn(task))).await
         })
         .await
         .map(drop)

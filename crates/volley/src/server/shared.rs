@@ -34,6 +34,20 @@ pub(crate) struct Shared {
     /// takes its lock (~40 instructions, twice per inproc call, a tenth of its cost); this is a
     /// load.
     pub(crate) closing: AtomicBool,
+    /// Set when the server starts to leave (a graceful stop or a shutdown): it is not ready for
+    /// new callers (`/readyz` answers 503).
+    pub(crate) draining: AtomicBool,
+    /// Cancelled when the server starts to leave: its registrations revoke their leases first,
+    /// so that callers stop picking it while it still serves.
+    pub(crate) leaving: CancellationToken,
+    /// The tasks that take the server out of the registry when it leaves (a graceful stop
+    /// waits for them, briefly, before it stops serving).
+    pub(crate) departures: tokio_util::task::TaskTracker,
+    /// Cancelled once a shutdown has finished: what outlives the drain (the admin endpoint)
+    /// stops then.
+    pub(crate) gone: CancellationToken,
+    /// Listeners that failed for good (the socket closed under them), with the error.
+    pub(crate) failed_listeners: Mutex<Vec<(Address, String)>>,
     /// Cancelled when a shutdown's drain deadline passes: work still running is dropped and
     /// its connections closed.
     pub(crate) abort: CancellationToken,

@@ -334,7 +334,7 @@ impl ServiceClient {
                 // The pool connects before it calls `attempt`, and retries (another instance)
                 // only on a failed connect, so the chunk is sent at most once.
                 let sent = pool
-                    .call(&Pick::Balanced, Plan::default(), |client| {
+                    .call(&Pick::Balanced, Plan::once(), |client| {
                         let chunk = slot.take();
                         async move {
                             match chunk {
@@ -502,16 +502,12 @@ impl ServiceClient {
                 // Retries get what is left of the call's time, never a fresh timeout.
                 let deadline = tokio::time::Instant::now() + opts.budget(self.inner.config.client.timeout);
                 let opts = opts.deadline(deadline);
-                let mut slot = Some(req);
+                // Any call may be attempted again (an idempotent one after a lost connection,
+                // any one its server never ran), so each attempt sends a copy.
+                let req = &req;
                 pool.call(&route, Plan::new(idempotent, Some(deadline)), |client| {
-                    // Only idempotent calls are ever attempted twice, so only they clone.
-                    let req = if idempotent { slot.clone() } else { slot.take() };
-                    async move {
-                        match req {
-                            Some(req) => client.call_with(m, req, opts).await,
-                            None => Err(Error::Usage("a non-idempotent call was attempted twice".into())),
-                        }
-                    }
+                    let req = req.clone();
+                    async move { client.call_with(m, req, opts).await }
                 })
                 .await
             }

@@ -1,0 +1,224 @@
+//! Deploys without a lost call: a request its server never ran (it was going away) fails as
+//! `NotRun` and a `ServiceClient` sends it to another instance, idempotent or not; a graceful
+//! stop takes the server out of the registry first and serves on through its grace; the admin
+//! endpoint's `/healthz` and `/readyz`; a listener whose socket dies ends, once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use volley::bytes::BytesMut;
+use volley::discovery::InstanceSpec;
+use volley::proto::{Decoder, FrameBuilder, Limits, Message, SERVER_PREAMBLE, decode_frame};
+use volley::registry::{LeaseConfig, Registry};
+use volley::service_client::{ServiceClient, ServiceConfig};
+use volley::{Client, Code, Drain, Error, Method, Server};
+
+const SAY: Method<String, String> = Method::new("deploy", "say");
+
+/// Waits for `cond`, checking every 10 ms, for up to `within`; says whether it came true.
+async fn eventually(within: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < end {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond().await
+}
+
+/// A server that is going away: on every connection it reads requests and, once it has read
+/// one, answers none of them but a go-away (`ShuttingDown`), then closes. Counts the requests
+/// it read.
+async fn leaving_server() -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("tcp://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else { return };
+            tokio::spawn(go_away_after_a_request(s, counted.clone()));
+        }
+    });
+    (addr, seen)
+}
+
+async fn go_away_after_a_request(mut s: TcpStream, seen: Arc<AtomicUsize>) {
+    let limits = Limits::default();
+    let (mut dec, mut buf, mut msgs) = (Decoder::new(limits), BytesMut::new(), Vec::new());
+    if s.write_all(&SERVER_PREAMBLE).await.is_err() {
+        return;
+    }
+    // The decoder reads the client's preamble first, then frames.
+    while !msgs.iter().any(|m| matches!(m, Message::Request { .. })) {
+        match s.read_buf(&mut buf).await {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+        while let Ok(Some(f)) = dec.next_frame(&mut buf) {
+            decode_frame(&f, &limits, &mut msgs).unwrap();
+        }
+    }
+    let requests = msgs.iter().filter(|m| matches!(m, Message::Request { .. })).count();
+    seen.fetch_add(requests, Ordering::SeqCst);
+    let mut fb = FrameBuilder::new(limits);
+    fb.go_away(Code::ShuttingDown, "leaving for a deploy");
+    let mut segments = Vec::new();
+    fb.take_into(&mut segments);
+    let _ = s.write_all(&segments.concat()).await;
+    let _ = s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_unanswered_at_a_going_away_fails_as_never_run() {
+    let (addr, seen) = leaving_server().await;
+    let client = Client::connect(&addr).await.unwrap();
+    let err = client.call(&SAY, "hi".to_string()).await.unwrap_err();
+    assert!(matches!(err, Error::NotRun(_)), "{err:?}");
+    assert!(err.to_string().contains("ShuttingDown"), "{err}");
+    assert!(err.is_transient());
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "the request did reach the server");
+}
+
+/// An echo server of `SAY` on tcp, registered with `registry` as `deploy`.
+async fn echo(registry: &str) -> (Server, volley::Address) {
+    let server = Server::builder().handle_fn(&SAY, |s: String| Ok(s.to_uppercase())).build();
+    let registry = Registry::connect(registry).await.unwrap();
+    let (bound, _) = server.listen_and_register("tcp://127.0.0.1:0", &registry).await.unwrap();
+    (server, bound)
+}
+
+#[tokio::test]
+async fn a_service_client_sends_a_never_run_call_to_another_instance_idempotent_or_not() {
+    let controller = volley::controller::Controller::new(Default::default());
+    let reg_addr = controller.listen("inproc://deploy-never-run").await.unwrap().to_string();
+    let (good, _) = echo(&reg_addr).await;
+    let (leaving, seen) = leaving_server().await;
+    let registry = Registry::connect(&reg_addr).await.unwrap();
+    // The leaving instance's lease is kept by a server of its own (a registration lives as long
+    // as the server it belongs to).
+    let keeper = Server::builder().build();
+    let spec = vec![InstanceSpec::new("deploy", leaving.clone())];
+    let _going = registry.register(&keeper, spec, LeaseConfig::default()).await.unwrap();
+
+    let config = ServiceConfig::default().balance(volley::balance::Balance::RoundRobin);
+    let client = ServiceClient::connect_with(&reg_addr, config).await.unwrap();
+    // Calls are not idempotent by default: each one is still sent again, because the leaving
+    // instance never ran it.
+    for i in 0..20 {
+        let r = client.call(&SAY, format!("call {i}")).await;
+        assert_eq!(r.unwrap(), format!("CALL {i}"));
+    }
+    assert!(seen.load(Ordering::SeqCst) >= 1, "some calls went to the leaving instance first");
+    assert!(client.stats().failovers >= 1, "{:?}", client.stats());
+    good.shutdown().await;
+    keeper.shutdown().await;
+    controller.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_graceful_stop_deregisters_first_and_serves_through_its_grace() {
+    let controller = volley::controller::Controller::new(Default::default());
+    let reg_addr = controller.listen("inproc://deploy-graceful").await.unwrap().to_string();
+    let server = Server::builder().handle_fn(&SAY, |s: String| Ok(s)).admin("127.0.0.1:0").build();
+    let registry = Registry::connect(&reg_addr).await.unwrap();
+    let (bound, _) = server.listen_and_register("tcp://127.0.0.1:0", &registry).await.unwrap();
+    let admin = server.admin_address().unwrap();
+    assert_eq!(registry.resolve("deploy").await.unwrap().instances.len(), 1);
+    assert_eq!(get(admin, "/readyz").await.0, 200);
+    assert!(server.is_ready());
+
+    // A long grace: the checks below happen inside it, however slow the machine.
+    let stopping = {
+        let server = server.clone();
+        tokio::spawn(
+            async move { server.stop_gracefully(Drain::default().grace(Duration::from_secs(30))).await },
+        )
+    };
+    let gone = eventually(Duration::from_secs(10), async || {
+        registry.resolve("deploy").await.map(|r| r.instances.is_empty()).unwrap_or(false)
+    })
+    .await;
+    assert!(gone, "the instance left the registry");
+    assert!(!server.is_ready());
+    let (status, body) = get(admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("stopping"), "{body}");
+    assert_eq!(get(admin, "/healthz").await.0, 200, "alive while it drains");
+    // Still serving: a caller that has not moved yet is answered.
+    let direct = Client::connect(&bound.to_string()).await.unwrap();
+    assert_eq!(direct.call(&SAY, "late".to_string()).await.unwrap(), "late");
+    assert!(!stopping.is_finished());
+    stopping.abort();
+    server.shutdown().await;
+    controller.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_admin_endpoint_answers_healthz_and_readyz() {
+    let server = Server::builder().handle_fn(&SAY, |s: String| Ok(s)).admin("127.0.0.1:0").build();
+    server.listen("tcp://127.0.0.1:0").await.unwrap();
+    let admin = server.admin_address().unwrap();
+    assert_eq!(get(admin, "/healthz").await, (200, "ok\n".to_string()));
+    assert_eq!(get(admin, "/readyz").await, (200, "ready\n".to_string()));
+    let (status, body) = get(admin, "/nothing").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("/healthz") && body.contains("/readyz"), "{body}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_listener_whose_socket_dies_ends_and_the_server_is_not_ready() {
+    let controller = volley::controller::Controller::new(Default::default());
+    let reg_addr = controller.listen("inproc://deploy-dead-listener").await.unwrap().to_string();
+    let (server, bound) = echo(&reg_addr).await;
+    let registry = Registry::connect(&reg_addr).await.unwrap();
+    assert_eq!(registry.resolve("deploy").await.unwrap().instances.len(), 1);
+    let port = bound.to_string().rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    // shutdown(2) on a listening socket makes every accept after it fail with EINVAL: the
+    // socket is no listener any more, as when it is closed under the server.
+    let fd = listening_fd(port).expect("the listening socket's descriptor");
+    assert_eq!(unsafe { libc::shutdown(fd, libc::SHUT_RDWR) }, 0);
+    let ended = eventually(Duration::from_secs(10), async || !server.failed_listeners().is_empty()).await;
+    assert!(ended, "the listener ended");
+    assert!(!server.is_ready());
+    assert!(server.addresses().is_empty(), "{:?}", server.addresses());
+    let gone = eventually(Duration::from_secs(10), async || {
+        registry.resolve("deploy").await.map(|r| r.instances.is_empty()).unwrap_or(false)
+    })
+    .await;
+    assert!(gone, "a server with no listener left the registry");
+    server.shutdown().await;
+    controller.shutdown().await;
+}
+
+/// The descriptor of this process's socket listening on 127.0.0.1:`port`.
+fn listening_fd(port: u16) -> Option<i32> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let inode = table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+        // State 0A is LISTEN.
+        (local_port == port && f.get(3)? == &"0A").then(|| f.get(9).map(|s| s.to_string()))?
+    })?;
+    let want = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc/self/fd").ok()?.flatten().find_map(|e| {
+        let link = std::fs::read_link(e.path()).ok()?;
+        (link.to_string_lossy() == want).then(|| e.file_name().to_string_lossy().parse().ok())?
+    })
+}
+
+/// GET `path` from the admin endpoint: the status and the body.
+async fn get(admin: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(admin).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    (status, body)
+}
