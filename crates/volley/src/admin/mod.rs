@@ -10,6 +10,7 @@
 //! and 404 for any other path. `http.rs` holds the HTTP, `page.rs` the page.
 
 mod http;
+pub(crate) mod identity;
 mod page;
 
 use std::net::SocketAddr;

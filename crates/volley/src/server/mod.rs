@@ -16,6 +16,7 @@ mod batch;
 mod conn;
 mod dispatch;
 mod handler;
+mod identity;
 mod limit;
 mod local;
 mod observe;

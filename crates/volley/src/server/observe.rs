@@ -75,6 +75,7 @@ impl Shared {
                 queued: self.queued.load(Relaxed) as u64,
             },
             client: Scrape::client_methods(),
+            identity: self.identity(self.observe.registry.get().is_some()),
             registry,
         }
     }
