@@ -9,6 +9,7 @@ mod output;
 mod overload_bench;
 mod refusal;
 mod registry_bench;
+mod terminal;
 mod testbed;
 mod top;
 
@@ -187,6 +188,7 @@ fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("VOLLEY_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(terminal::stderr_colour())
         .init();
     let result = match Cli::parse().command {
         Command::ServeEcho { listen, registry, name, advertise, listen_local, admin, grace, security } => {

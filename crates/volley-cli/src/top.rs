@@ -24,6 +24,7 @@ pub fn stats(addr: &str, json: bool) -> Result<(), String> {
 
 /// `volley top ADDR`: the table, redrawn every `interval` until Ctrl-C (or `count` times).
 pub fn top(addr: &str, interval: Duration, count: Option<u64>) -> Result<(), String> {
+    let terminal = crate::terminal::stdout_is_terminal();
     runtime()?.block_on(async {
         let mut shown = 0;
         loop {
@@ -31,8 +32,14 @@ pub fn top(addr: &str, interval: Duration, count: Option<u64>) -> Result<(), Str
                 Ok(v) => render(&v),
                 Err(e) => format!("{e}\n"),
             };
-            // Clear the screen and move to its top, then draw.
-            out!("\x1b[2J\x1b[H{addr}, every {:.0?}\n{screen}", interval);
+            // On a terminal: clear the screen and move to its top, then draw. Elsewhere (a file,
+            // a pipe) no escape codes: each reading follows the one before, a blank line apart.
+            let start = match (terminal, shown) {
+                (true, _) => "\x1b[2J\x1b[H",
+                (false, 0) => "",
+                (false, _) => "\n",
+            };
+            out!("{start}{addr}, every {:.0?}\n{screen}", interval);
             shown += 1;
             if count.is_some_and(|c| shown >= c) {
                 return Ok(());
@@ -51,6 +58,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 
 /// `GET /vars.json` from `addr` (`HOST:PORT`, `http://HOST:PORT` or a bare port on 127.0.0.1).
 async fn fetch(addr: &str) -> Result<Value, String> {
+    if let Some((scheme, _)) = addr.split_once("://").filter(|(s, _)| *s != "http") {
+        return Err(format!(
+            "{addr} is a {scheme}:// address, which serves RPC: stats and top read a process's admin \
+             endpoint, the HTTP address given to its --admin (HOST:PORT, http://HOST:PORT or PORT)"
+        ));
+    }
     let host = addr.trim_start_matches("http://").trim_end_matches('/');
     let host = if host.parse::<u16>().is_ok() { format!("127.0.0.1:{host}") } else { host.to_string() };
     let get = async {
@@ -67,6 +80,9 @@ async fn fetch(addr: &str) -> Result<Value, String> {
         .await
         .map_err(|_| format!("{host}: no answer within 5 s"))?
         .map_err(|e| format!("{host}: {e}"))?;
+    if let Some(why) = not_http(&raw) {
+        return Err(format!("{host}: {why}"));
+    }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{host}: not an HTTP answer"))?;
     if !head.starts_with("HTTP/1.1 200") {
@@ -74,6 +90,22 @@ async fn fetch(addr: &str) -> Result<Value, String> {
         return Err(format!("{host}: {status} (is this a Volley admin endpoint?)"));
     }
     serde_json::from_str(body).map_err(|e| format!("{host}: the answer is not the JSON expected: {e}"))
+}
+
+/// What is wrong with an answer that is not HTTP at all, naming the likely mistake: a Volley
+/// server's RPC port opens with its preamble, the magic `VLLY` (docs/PROTOCOL.md, section 4).
+fn not_http(raw: &[u8]) -> Option<String> {
+    const HINT: &str = "stats and top read a process's admin endpoint, the HTTP address given to its --admin \
+                        (the line `admin endpoint on http://...` it prints), not its RPC address";
+    if raw.starts_with(b"HTTP/") {
+        None
+    } else if raw.starts_with(b"VLLY") {
+        Some(format!("this is a Volley RPC port (it answered with the Volley protocol's preamble): {HINT}"))
+    } else if raw.is_empty() {
+        Some(format!("the connection closed without an answer: {HINT}"))
+    } else {
+        Some(format!("not an HTTP answer: {HINT}"))
+    }
 }
 
 /// The methods (served, then called) with their recent rates, as a table.
@@ -149,6 +181,19 @@ fn fmt(v: &Value, scale: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// An RPC port, a closed connection or another protocol gets an error naming the admin
+    /// endpoint; an HTTP answer passes.
+    #[test]
+    fn an_answer_that_is_not_http_names_the_likely_mistake() {
+        let rpc = not_http(b"VLLY\x01\x01\x00\x00").unwrap();
+        assert!(rpc.contains("Volley RPC port") && rpc.contains("--admin"), "{rpc}");
+        let closed = not_http(b"").unwrap();
+        assert!(closed.contains("closed without an answer") && closed.contains("--admin"), "{closed}");
+        let other = not_http(b"SSH-2.0-OpenSSH\r\n").unwrap();
+        assert!(other.contains("not an HTTP answer") && other.contains("--admin"), "{other}");
+        assert_eq!(not_http(b"HTTP/1.1 200 OK\r\n\r\n{}"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -111,6 +111,11 @@ fn bad_addresses_are_reported_clearly() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown scheme"), "{err}");
+    // An address without its scheme: the error names the one likely meant.
+    let out = volley().args(["serve-echo", "--listen", "127.0.0.1:5000"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did you mean tcp://127.0.0.1:5000?"), "{err}");
 }
 
 /// Without the `etcd` feature, `--store etcd://...` says how to rebuild; a store that is
@@ -443,4 +448,74 @@ fn assert_bench_refuses(args: &[&str], expect: &str) {
     assert!(!out.status.success(), "{args:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(expect), "{args:?}: {err}");
+}
+
+/// Reads `child`'s stderr until a line starts with `prefix`; returns that line's rest and every
+/// line read. The reading thread keeps draining afterwards, so the child never blocks on it.
+fn stderr_until(child: &mut std::process::Child, prefix: &'static str) -> (String, Vec<String>) {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("no line starting {prefix:?} ({e}); stderr so far: {seen:?}"));
+        seen.push(line.clone());
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return (rest.to_string(), seen);
+        }
+    }
+}
+
+/// Output to a pipe carries no escape codes: the log lines on stderr (coloured on a terminal)
+/// and `volley top`, which on a terminal clears the screen before each reading.
+#[test]
+fn output_to_a_pipe_has_no_escape_codes() {
+    let mut server = Child(
+        volley()
+            .args(["serve-echo", "--listen", "tcp://127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .env("VOLLEY_LOG", "info")
+            .env_remove("NO_COLOR")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (admin, lines) = stderr_until(&mut server.0, "admin endpoint on http://");
+    let admin = admin.split('/').next().unwrap().to_string();
+    // The library's log line for the listener is there (VOLLEY_LOG=info), without colour.
+    assert!(lines.iter().any(|l| l.contains("INFO") && l.contains("listening")), "{lines:?}");
+    assert!(lines.iter().all(|l| !l.contains('\x1b')), "escape codes in the log: {lines:?}");
+
+    let out = volley().args(["top", &admin, "--count", "2", "--interval", "0.1"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\x1b'), "escape codes in top's output: {text:?}");
+    assert_eq!(text.matches(&format!("{admin}, every")).count(), 2, "{text}");
+}
+
+/// `volley stats` pointed at the RPC address instead of the admin endpoint says so.
+#[test]
+fn stats_at_an_rpc_port_names_the_admin_endpoint() {
+    let mut server = Child(
+        volley()
+            .args(["serve-echo", "--listen", "tcp://127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (rpc, _) = stderr_until(&mut server.0, "serving echo on ");
+    let rpc = rpc.split(' ').next().unwrap().to_string();
+    let host_port = rpc.strip_prefix("tcp://").unwrap();
+    for (addr, expect) in [(host_port, "Volley RPC port"), (rpc.as_str(), "serves RPC")] {
+        let out = volley().args(["stats", addr]).output().unwrap();
+        assert!(!out.status.success(), "{addr}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect) && err.contains("--admin"), "{addr}: {err}");
+    }
 }

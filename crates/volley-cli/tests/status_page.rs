@@ -1,9 +1,11 @@
 //! The status page in a real browser: a controller, an echo server registered with it and a
 //! load generator calling the server through the registry run as `volley` processes, and
-//! headless Chromium opens their status pages. The controller's page must list the registered
-//! service, and the server's page must show its method's call rate above zero, changing
-//! between two reads — values the page's script filled in from `/vars.json`. A screenshot of
-//! each page is saved as the run's artifact (the paths are printed).
+//! headless Chromium opens their status pages in an 800 px wide window. Each page's header must
+//! name its process (role, listen address, version, uptime), the controller's page must list
+//! the registered service, and the server's page must show its method's call rate above zero,
+//! changing between two reads — values the page's script filled in from `/vars.json`. Neither
+//! page may be wider than the window (no sideways scrolling). A screenshot of each page at
+//! 800 px is saved as the run's artifact (the paths are printed).
 //!
 //! Chromium is driven by its own command-line flags (`--headless --dump-dom` after a
 //! `--virtual-time-budget`, `--screenshot`), so the test needs no browser-automation crate.
@@ -134,6 +136,10 @@ struct Browser {
 /// fetches, so a slow machine does not shorten it.)
 const PAGE_TIME_MS: u32 = 3000;
 
+/// The browser window: the page must fit its width (a laptop's half screen, a narrow tab).
+const WINDOW_WIDTH: u32 = 800;
+const WINDOW_HEIGHT: u32 = 1400;
+
 /// Longest a single browser run may take before it counts as hung.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -150,7 +156,8 @@ impl Browser {
                 "--disable-dev-shm-usage",
                 "--no-first-run",
             ])
-            .args(["--lang=en-US", "--hide-scrollbars", "--window-size=1400,900"])
+            .args(["--lang=en-US", "--hide-scrollbars"])
+            .arg(format!("--window-size={WINDOW_WIDTH},{WINDOW_HEIGHT}"))
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg(format!("--virtual-time-budget={PAGE_TIME_MS}"))
             .arg(action)
@@ -223,6 +230,54 @@ fn method_cell<'a>(dom: &'a str, method: &str, col: &str) -> Option<&'a str> {
     let cell = &row[row.find(&format!("data-col=\"{col}\""))?..];
     let text = &cell[cell.find('>')? + 1..];
     Some(&text[..text.find('<')?])
+}
+
+/// The text of the element with the id `id` (up to its first child element).
+fn element_text<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let text = &dom[at..];
+    let text = &text[text.find('>')? + 1..];
+    Some(&text[..text.find('<')?])
+}
+
+/// The header's role, listen addresses, version and uptime, once the script filled them in.
+fn header(dom: &str) -> Option<[&str; 4]> {
+    let fields = ["role", "addresses", "version", "uptime"].map(|id| element_text(dom, id));
+    let [Some(role), Some(addresses), Some(version), Some(uptime)] = fields else { return None };
+    uptime.starts_with("up ").then_some([role, addresses, version, uptime])
+}
+
+/// The page's width and the window's (`data-scroll-width`, `data-client-width` on the root
+/// element, which the page's script notes after each refresh).
+fn widths(dom: &str) -> Option<(u32, u32)> {
+    let attr = |name: &str| -> Option<u32> {
+        let at = dom.find(&format!("{name}=\""))? + name.len() + 2;
+        dom[at..].split('"').next()?.parse().ok()
+    };
+    Some((attr("data-scroll-width")?, attr("data-client-width")?))
+}
+
+/// Checks that the page's header names the process (`role`, an address containing `address`,
+/// this build's version, an uptime) and that the page fits the window's width.
+fn check_header_and_width(browser: &Browser, page: &str, role: &str, address: &str) {
+    let dom = browser.poll(page, Duration::from_secs(60), "the header filled in", |dom| {
+        header(dom).is_some().then(|| dom.to_string())
+    });
+    let [shown_role, addresses, version, uptime] = header(&dom).unwrap();
+    assert_eq!(shown_role, role, "{page}");
+    assert!(addresses.contains(address), "{page}: header addresses {addresses:?}, expected {address}");
+    assert_eq!(version, format!("volley {}", env!("CARGO_PKG_VERSION")), "{page}");
+    println!("{page}: header {role} · {addresses} · {version} · {uptime}");
+    let (page_width, window_width) =
+        widths(&dom).unwrap_or_else(|| panic!("{page}: no widths noted:\n{dom}"));
+    assert!(
+        window_width <= WINDOW_WIDTH && window_width > WINDOW_WIDTH / 2,
+        "{page}: the window is {window_width} px wide, asked for {WINDOW_WIDTH}"
+    );
+    assert!(
+        page_width <= window_width,
+        "{page} is {page_width} px wide in a {window_width} px window: it scrolls sideways"
+    );
 }
 
 /// A number as the page writes it (`1,234.5`), or `None` for `–` (nothing measured yet).
@@ -316,6 +371,11 @@ fn the_status_pages_show_the_registered_service_and_a_live_call_rate() {
         "{SERVICE}/echo: {rate} calls/s ({calls} calls), later {later_rate} calls/s ({later_calls} calls)"
     );
 
+    // Both headers name their process, and both pages (the server's with its table and charts
+    // filled in, the controller's with its registry) fit 800 px.
+    check_header_and_width(&browser, &server_page, "server", &served);
+    check_header_and_width(&browser, &controller_page, "controller", &registry);
+
     let dir = artifacts();
     browser.screenshot(&server_page, &dir.join("status-page.png"));
     browser.screenshot(&controller_page, &dir.join("status-page-controller.png"));
@@ -337,6 +397,19 @@ mod harness {
         let nothing_yet = dom.replace("1,234.5", "–");
         assert_eq!(rate_and_calls(&nothing_yet), None);
         assert_eq!(rate_and_calls("<tr data-side=\"server\" data-method=\"other/echo\"></tr>"), None);
+    }
+
+    /// The header's fields and the noted widths are read from the DOM as the page writes them.
+    #[test]
+    fn the_header_and_widths_are_read_from_the_page() {
+        let dom = "<html lang=\"en\" data-scroll-width=\"812\" data-client-width=\"800\"><body>\
+            <h1><span id=\"role\" class=\"role\">server</span><span id=\"services\">echo</span></h1>\
+            <span id=\"addresses\" class=\"addr\">tcp://127.0.0.1:5000</span><span id=\"version\">volley 0.1.0</span>\
+            <span id=\"uptime\" class=\"\">up 3 s</span>";
+        assert_eq!(header(dom), Some(["server", "tcp://127.0.0.1:5000", "volley 0.1.0", "up 3 s"]));
+        assert_eq!(header(&dom.replace("up 3 s", "connecting…")), None);
+        assert_eq!(widths(dom), Some((812, 800)));
+        assert_eq!(widths("<html lang=\"en\">"), None);
     }
 
     /// Without Chromium the test fails with a message that names the fix; with one, it is found.

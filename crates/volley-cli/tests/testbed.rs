@@ -49,6 +49,14 @@ fn check_report(v: &serde_json::Value, transport: &str, configs: usize) {
 fn the_default_matrix_agrees_in_one_process_over_unix() {
     let v = testbed_json(&[]);
     check_report(&v, "unix", 5);
+    // The report's figures are under `published`, with their source; `seed` is gone.
+    let published = &v["published"];
+    assert_eq!(published["index_cut_pct"], 82.9, "{v}");
+    assert_eq!(published["query_cut_pct"], serde_json::json!([82.5, 91.0]), "{v}");
+    assert_eq!(published["bytes_pct_of_old"], 10.74, "{v}");
+    let source = published["source"].as_str().unwrap();
+    assert!(source.contains("Technical Report of MF optimization") && source.contains("Wei Cao"), "{source}");
+    assert!(v.get("seed").is_none(), "{v}");
     let rows = v["configs"].as_array().unwrap();
     let best = rows.iter().find(|r| r["mode"] == "direct" && r["codec"] == "fast").unwrap();
     // Messages: batches of 128 against one item per request, four messages per relayed call.
@@ -140,6 +148,8 @@ fn the_table_names_the_baseline_and_the_seed() {
     assert!(text.contains("relayed+single+general") && text.contains("base"), "{text}");
     assert!(text.contains("direct+batch128+fast"), "{text}");
     assert!(text.contains("82.9%") && text.contains("10.74%"), "{text}");
+    // The published row's source, named under the table.
+    assert!(text.contains("\"Technical Report of MF optimization\"") && text.contains("Wei Cao"), "{text}");
     assert!(text.contains("all configurations agree") && text.contains("brute-force scan"), "{text}");
 }
 

@@ -51,56 +51,87 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Erro
             )
         })
         .collect();
-    let low = bars.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0f64, f64::min).floor().max(-200.0);
+    let (low, high) = y_range(&bars);
 
-    let root = BitMapBackend::new(path, (1200, 650)).into_drawing_area();
+    // The legend goes under the chart, not over the bars: a cut is at most 100%, so the axis
+    // ends there and leaves no empty band at the top for it.
+    let legend_rows = (bars.len() + 1).div_ceil(LEGEND_COLUMNS) as u32;
+    let legend_height = 20 + 26 * legend_rows;
+    let root = BitMapBackend::new(path, (1200, 600 + legend_height)).into_drawing_area();
     root.fill(&WHITE)?;
+    let (upper, lower) = root.split_vertically(600);
     let title = format!(
         "volley testbed: % cut against the baseline (relayed + single + general), {} docs, {} shards",
         report.docs, report.setup.shards
     );
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&upper)
         .caption(title, ("sans-serif", 22))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d(0f64..MEASURES.len() as f64, (low - 5.0)..135f64)?;
+        .build_cartesian_2d(0f64..MEASURES.len() as f64, low..high)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .disable_x_axis()
         .y_desc("% cut vs baseline")
-        .y_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}%"))
         .label_style(("sans-serif", 15))
         .draw()?;
     let groups = bars.len().max(1) as f64;
     let width = 0.8 / groups;
-    for (i, (name, values)) in bars.iter().enumerate() {
+    for (i, (_, values)) in bars.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(values.iter().enumerate().map(|(m, &v)| {
-                let x0 = m as f64 + 0.1 + i as f64 * width;
-                Rectangle::new([(x0, 0.0), (x0 + width * 0.9, v)], color.filled())
-            }))?
-            .label(name.as_str())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+        chart.draw_series(values.iter().enumerate().map(|(m, &v)| {
+            let x0 = m as f64 + 0.1 + i as f64 * width;
+            Rectangle::new([(x0, 0.0), (x0 + width * 0.9, v)], color.filled())
+        }))?;
     }
     draw_published(&mut chart)?;
     chart.draw_series(MEASURES.iter().enumerate().map(|(m, name)| {
         Text::new(
             *name,
-            (m as f64 + 0.5, low - 1.0),
+            (m as f64 + 0.5, low + 4.0),
             ("sans-serif", 16).into_font().into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Top)),
         )
     }))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 15))
-        .draw()?;
+    draw_legend(&lower, &bars)?;
     root.present()?;
+    Ok(())
+}
+
+/// Legend entries per row under the chart.
+const LEGEND_COLUMNS: usize = 3;
+
+/// The y axis, in % cut: from a little under the lowest cut (0 when none is negative, never
+/// under -200) up to 100%, the most a cut can be.
+pub fn y_range(bars: &[(String, [f64; 5])]) -> (f64, f64) {
+    let low = bars.iter().flat_map(|(_, v)| v.iter().copied()).fold(0.0f64, f64::min).floor().max(-200.0);
+    (low - 5.0, 100.0)
+}
+
+/// The legend under the chart: a swatch and the name of each configuration, then the published
+/// figures' line.
+fn draw_legend(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    bars: &[(String, [f64; 5])],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let font = ("sans-serif", 15).into_font();
+    let at = |i: usize| (70 + (i % LEGEND_COLUMNS) as i32 * 380, 10 + (i / LEGEND_COLUMNS) as i32 * 26);
+    for (i, (name, _)) in bars.iter().enumerate() {
+        let (x, y) = at(i);
+        let color = COLORS[i % COLORS.len()];
+        area.draw(&Rectangle::new([(x, y + 2), (x + 14, y + 16)], color.filled()))?;
+        area.draw(&Text::new(name.as_str(), (x + 22, y), font.clone()))?;
+    }
+    let (x, y) = at(bars.len());
+    area.draw(&PathElement::new(vec![(x, y + 9), (x + 14, y + 9)], BLACK.stroke_width(2)))?;
+    let label = format!(
+        "{} (queries: the range {})",
+        published::LABEL,
+        published::range_text(PUBLISHED.query_cut_pct)
+    );
+    area.draw(&Text::new(label, (x + 22, y), font))?;
     Ok(())
 }
 
@@ -116,19 +147,12 @@ fn draw_published(chart: &mut Chart<'_, '_>) -> Result<(), Box<dyn std::error::E
             BLACK.mix(0.15).filled(),
         )
     }))?;
-    chart
-        .draw_series(
-            marks
-                .iter()
-                .flat_map(|m| [m.low, m.high].map(|v| (m.measure as f64, v)))
-                .map(|(x, v)| PathElement::new(vec![(x + 0.05, v), (x + 0.95, v)], BLACK.stroke_width(2))),
-        )?
-        .label(format!(
-            "{} (queries: the range {})",
-            published::LABEL,
-            published::range_text(PUBLISHED.query_cut_pct)
-        ))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], BLACK.stroke_width(2)));
+    chart.draw_series(
+        marks
+            .iter()
+            .flat_map(|m| [m.low, m.high].map(|v| (m.measure as f64, v)))
+            .map(|(x, v)| PathElement::new(vec![(x + 0.05, v), (x + 0.95, v)], BLACK.stroke_width(2))),
+    )?;
     Ok(())
 }
 
@@ -197,6 +221,16 @@ mod tests {
         };
         let bytes = range(&cells[9]).map(|(low, high)| (100.0 - high, 100.0 - low));
         [range(&cells[1]), range(&cells[3]), range(&cells[5]), range(&cells[7]), bytes]
+    }
+
+    /// A cut is at most 100%: the axis ends there, whatever the bars; it starts under the
+    /// lowest (negative) cut.
+    #[test]
+    fn the_percentage_axis_ends_at_100() {
+        let bars = |v: [f64; 5]| vec![("a".to_string(), v)];
+        assert_eq!(y_range(&bars([87.2, 82.1, 94.9, 99.9, 75.9])), (-5.0, 100.0));
+        assert_eq!(y_range(&bars([-31.5, 20.0, 10.0, 50.0, 100.0])), (-37.0, 100.0));
+        assert_eq!(y_range(&bars([-900.0, 0.0, 0.0, 0.0, 0.0])), (-205.0, 100.0));
     }
 
     #[test]

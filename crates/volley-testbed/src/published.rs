@@ -9,11 +9,19 @@ pub const PUBLISHED: Published =
 /// What the published row of the table and the plot's legend are called.
 pub const LABEL: &str = "2009 MF report";
 
+/// Where the figures come from: the indexing and query cuts are the report's section 8.1.2
+/// ("Experiment result", MF-full), the bytes its abstract (the serialization work).
+pub const CITATION: &str = "Wei Cao and Peisheng Wang, \"Technical Report of MF optimization\", \
+technical report on the MF message framework of the SF1 search engine, 27 July 2009: \
+section 8.1.2 (indexing and query time, MF-full) and the abstract (bytes sent)";
+
 /// What [`LABEL`]'s figures are, for a reader of the table.
 pub const NOTE: &str = "\
 (2009 MF report: the cuts published for the MF message framework's full mode, its new design
 against its old; one range for all queries, as it depends on the query words, so both query
-columns show it; bytes are % of the old design's)";
+columns show it; bytes are % of the old design's. Source: Wei Cao and Peisheng Wang,
+\"Technical Report of MF optimization\", SF1 search engine, 27 July 2009, section 8.1.2 and
+the abstract)";
 
 /// The figures of one design comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -247,6 +247,24 @@ async fn a_client_counts_a_timed_out_call_as_a_timeout() {
     server.shutdown().await;
 }
 
+/// The endpoint names its process (the status page's header): role, services, every address
+/// listened on as bound, the crate's version and the process id.
+#[tokio::test]
+async fn the_endpoint_names_the_process_it_belongs_to() {
+    let (server, addr, admin) = serve(Server::builder().handle_fn(&SAY, say).handle_fn(&OTHER, say)).await;
+    let p = vars(admin).await["process"].clone();
+    assert_eq!(p["role"], "server");
+    assert_eq!(p["services"], serde_json::json!(["metrics-other", "metrics-test"]));
+    assert_eq!(p["addresses"], serde_json::json!([addr]));
+    assert_eq!(p["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(p["pid"], std::process::id());
+    // A later listen adds its address, as bound (the real port, not 0).
+    let second = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    assert!(!second.ends_with(":0"), "{second}");
+    assert_eq!(vars(admin).await["process"]["addresses"], serde_json::json!([addr, second]));
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_controllers_endpoint_shows_its_services_instances_and_leases() {
     let mut config = ControllerConfig::default();
@@ -264,6 +282,8 @@ async fn a_controllers_endpoint_shows_its_services_instances_and_leases() {
     let _registration = registry.register(&server, vec![spec], lease).await.unwrap();
 
     let v = vars(admin).await;
+    assert_eq!(v["process"]["role"], "controller");
+    assert_eq!(v["process"]["addresses"][0], caddr);
     let reg = &v["registry"];
     let svc = reg["services"].as_array().unwrap().iter().find(|s| s["name"] == "registry-shown").unwrap();
     let inst = &svc["instances"][0];

@@ -6,6 +6,7 @@
 //! - `method.rs` — one method's counters and histograms, and the client's per-call meter;
 //! - `client.rs` — the process-wide table of the methods this process calls;
 //! - `stats.rs` — a connection's transport counters and their shapes (messages per frame);
+//! - `identity.rs` — which process an admin endpoint belongs to (the status page's header);
 //! - `scrape.rs` — everything read at one moment (what `/metrics` and `/vars.json` show), and
 //!   the traits through which the server and the controller hand over their sections;
 //! - `prometheus.rs` — a scrape in the Prometheus text format (the `prometheus-client` crate's
@@ -18,6 +19,7 @@
 
 pub(crate) mod client;
 pub(crate) mod histogram;
+pub(crate) mod identity;
 pub(crate) mod method;
 pub(crate) mod prometheus;
 pub(crate) mod scrape;

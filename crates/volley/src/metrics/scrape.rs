@@ -124,6 +124,8 @@ pub(crate) struct Scrape {
     /// The methods this process called as a client (every client together).
     pub client: Vec<Named>,
     pub registry: Option<RegistryScrape>,
+    /// Which process this is (the status page's header).
+    pub identity: super::identity::Identity,
 }
 
 impl Scrape {

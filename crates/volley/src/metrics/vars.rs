@@ -55,6 +55,7 @@ impl Window {
         let t = &sv.transport;
         json!({
             "uptime_s": scrape.uptime.as_secs_f64(),
+            "process": scrape.identity.json(),
             "server": {
                 "metrics": sv.per_method,
                 "connections": {

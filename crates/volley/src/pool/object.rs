@@ -66,6 +66,7 @@ impl<T: Send> ObjectPool<T> {
     }
 
     /// An object from the pool, or `make()` if the pool is empty.
+    #[cfg(any(test, feature = "internals"))]
     #[inline]
     pub fn take(&self, make: impl FnOnce() -> T) -> Box<T> {
         match self.cache().try_borrow_mut() {
@@ -75,6 +76,7 @@ impl<T: Send> ObjectPool<T> {
     }
 
     /// Gives an object back (already reset by the caller).
+    #[cfg(any(test, feature = "internals"))]
     #[inline]
     pub fn give(&self, b: Box<T>) {
         match self.cache().try_borrow_mut() {

@@ -110,6 +110,7 @@ pub struct Names {
 impl Names {
     /// Names for a request. Panics if a name is longer than 255 bytes (the wire gives each
     /// a one-byte length).
+    #[cfg(any(test, feature = "internals"))]
     pub fn new(service: &str, method: &str) -> Names {
         let service_len = u8::try_from(service.len()).expect("a service name is at most 255 bytes");
         let method_len = u8::try_from(method.len()).expect("a method name is at most 255 bytes");

@@ -19,6 +19,7 @@ mod dispatch;
 mod drain;
 mod handler;
 mod host;
+mod identity;
 mod limit;
 mod local;
 mod observe;

@@ -41,6 +41,7 @@ impl Shared {
                 queued: self.queued.load(Relaxed) as u64,
             },
             client: Scrape::client_methods(),
+            identity: self.identity(self.observe.registry.get().is_some()),
             registry,
         }
     }

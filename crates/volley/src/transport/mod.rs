@@ -49,9 +49,7 @@ pub enum Address {
 impl Address {
     pub fn parse(s: &str) -> Result<Address, Error> {
         let bad = |reason: &str| Error::InvalidAddress { addr: s.to_string(), reason: reason.into() };
-        let (scheme, rest) = s
-            .split_once("://")
-            .ok_or_else(|| bad("expected SCHEME://..., with scheme inproc, unix, tcp, tls or shm"))?;
+        let (scheme, rest) = s.split_once("://").ok_or_else(|| bad(&missing_scheme(s)))?;
         match scheme {
             "inproc" if !rest.is_empty() => Ok(Address::Inproc(rest.to_string())),
             "inproc" => Err(bad("inproc:// needs a name")),
@@ -82,6 +80,26 @@ impl Address {
             Address::Tls(_) => "tls",
             Address::Shm(_) => "shm",
         }
+    }
+}
+
+/// Why an address without `SCHEME://` is refused, with the likely meaning when the text has
+/// the shape of one: `HOST:PORT` or a bare port is tcp, an absolute path a unix socket.
+fn missing_scheme(s: &str) -> String {
+    const EXPECTED: &str = "expected SCHEME://..., with scheme inproc, unix, tcp, tls or shm";
+    let port = |p: &str| p.parse::<u16>().is_ok();
+    let guess = if port(s) {
+        Some(format!("tcp://127.0.0.1:{s}"))
+    } else if s.rsplit_once(':').is_some_and(|(host, p)| !host.is_empty() && !host.contains('/') && port(p)) {
+        Some(format!("tcp://{s}"))
+    } else if s.starts_with('/') {
+        Some(format!("unix://{s}"))
+    } else {
+        None
+    };
+    match guess {
+        Some(g) => format!("no scheme: did you mean {g}? ({EXPECTED})"),
+        None => EXPECTED.to_string(),
     }
 }
 
@@ -151,5 +169,26 @@ mod tests {
         assert!(Address::parse(&format!("shm://{}", "a".repeat(91))).is_err());
         let no_scheme = Address::parse("127.0.0.1:80").unwrap_err().to_string();
         assert!(["inproc", "unix", "tcp", "tls", "shm"].iter().all(|s| no_scheme.contains(s)), "{no_scheme}");
+    }
+
+    /// An address that lacks only its scheme gets the likely one named; other text does not.
+    #[test]
+    fn a_missing_scheme_is_guessed_from_the_addresss_shape() {
+        let hint = |s: &str| Address::parse(s).unwrap_err().to_string();
+        for (text, meant) in [
+            ("127.0.0.1:5000", "tcp://127.0.0.1:5000"),
+            ("localhost:80", "tcp://localhost:80"),
+            ("[::1]:7000", "tcp://[::1]:7000"),
+            ("5000", "tcp://127.0.0.1:5000"),
+            ("/run/echo.sock", "unix:///run/echo.sock"),
+        ] {
+            let e = hint(text);
+            assert!(e.contains(&format!("did you mean {meant}?")), "{text}: {e}");
+            // The guess parses: following the hint works.
+            assert!(Address::parse(meant).is_ok(), "{meant}");
+        }
+        for text in ["x", "", "host:port", "a/b:1", ":80"] {
+            assert!(!hint(text).contains("did you mean"), "{text}: {}", hint(text));
+        }
     }
 }
