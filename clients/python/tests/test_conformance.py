@@ -230,8 +230,14 @@ def test_a_driver_whose_client_misreports_fails_the_run(monkeypatch):
 def check_exchange(address: str, case: dict) -> None:
     """Send, half-close (the server answers what it read, then closes: §9.6.1), read all."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    first = bytes.fromhex(case["preamble"]) if "preamble" in case else proto.preamble()
+    if "send_frame_of" in case:
+        repeat = case["send_frame_of"]
+        send = proto.frames([bytes.fromhex(repeat["message"]) * repeat["count"]])[0]
+    else:
+        send = bytes.fromhex(case["send"])
     with socket.create_connection((host, int(port)), timeout=60) as s:
-        s.sendall(proto.preamble() + bytes.fromhex(case["send"]))
+        s.sendall(first + send)
         s.shutdown(socket.SHUT_WR)
         received = b""
         while chunk := s.recv(65536):
