@@ -15,7 +15,9 @@ All on one connection, measurements interleaved round by round, medians reported
 
 Payloads are ``--payload`` bytes (16). The figures are calls (items) per second;
 ``batch / socket`` is the cost of the protocol on the batch path. ``batch CPU`` is this
-process's CPU time per batch item, the figure other processes' load disturbs least.
+process's CPU time per batch item, and the ``CPU µs`` rows the same per call: the figures other
+processes' load disturbs least (on a loaded machine the rates mostly measure how soon the
+echo server and this process get a core back).
 
 ``--baseline SRC`` measures a second copy of the package (its ``src`` directory, say one
 ``git archive`` of an older commit unpacked) in the same run: each round runs both, one after
@@ -54,22 +56,25 @@ def start_echo(binary: str) -> tuple[subprocess.Popen, str]:
     return proc, m.group(1)
 
 
-async def concurrent(volley, client, item: bytes, window: int) -> float:
+async def concurrent(volley, client, item: bytes, window: int) -> tuple[float, float]:
+    """Calls per second, and this process's CPU time per call in microseconds."""
     echo = volley.Method("echo", "echo")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(CALLS // window):
         replies = await asyncio.gather(*[client.call(echo, item) for _ in range(window)])
     assert replies[-1] == item
-    return CALLS // window * window / (time.perf_counter() - start)
+    n = CALLS // window * window
+    return n / (time.perf_counter() - start), (time.process_time() - cpu) / n * 1e6
 
 
-async def sequential(volley, client, item: bytes) -> float:
+async def sequential(volley, client, item: bytes) -> tuple[float, float]:
+    """Calls per second, and this process's CPU time per call in microseconds."""
     echo = volley.Method("echo", "echo")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(SEQUENTIAL):
         reply = await client.call(echo, item)
     assert reply == item
-    return SEQUENTIAL / (time.perf_counter() - start)
+    return SEQUENTIAL / (time.perf_counter() - start), (time.process_time() - cpu) / SEQUENTIAL * 1e6
 
 
 async def batch(volley, client, item: bytes, repeat: int = REPEAT) -> tuple[float, float]:
@@ -129,8 +134,8 @@ async def one_round(address: str, port: int, payload: int, window: int) -> dict[
     async with await volley.Client.connect(address) as client:
         await batch(volley, client, item, repeat=1)  # warm-up
         await sequential(volley, client, item)
-        out["concurrent"] = await concurrent(volley, client, item, window)
-        out["sequential"] = await sequential(volley, client, item)
+        out["concurrent"], out["concurrent CPU µs"] = await concurrent(volley, client, item, window)
+        out["sequential"], out["sequential CPU µs"] = await sequential(volley, client, item)
         out["batch"], out["batch CPU µs"] = await batch(volley, client, item)
     out["socket"] = await socket_floor(proto, port, item)
     return out
@@ -160,13 +165,14 @@ def main(args: argparse.Namespace) -> None:
     print(f"{args.payload}-byte payloads, one connection, {args.window} calls in flight for concurrent; "
           f"medians of {args.rounds} rounds (calls or items per second)")
     names = list(sources)
-    print(f"{'':14}" + "".join(f"{n:>14}" for n in names) + ("      after / before" if len(names) == 2 else ""))
+    # The gain: after / before for rates, before / after for CPU per call (less is better).
+    print(f"{'':20}" + "".join(f"{n:>14}" for n in names) + ("      gain" if len(names) == 2 else ""))
     for k in figures["after"]:
         med = [statistics.median(figures[n][k]) for n in names]
         fmt = "{:14,.3f}" if "CPU" in k else "{:14,.0f}"
-        line = f"{k:14}" + "".join(fmt.format(m) for m in med)
+        line = f"{k:20}" + "".join(fmt.format(m) for m in med)
         if len(med) == 2:
-            line += f"      {med[1] / med[0]:.2f}x"
+            line += f"      {(med[0] / med[1] if 'CPU' in k else med[1] / med[0]):.2f}x"
         print(line)
     for n in names:
         print(f"rounds ({n}): " + "; ".join(f"{k} " + ", ".join(f"{x:,.0f}" for x in v)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl as ssl_module
+import struct
 from typing import Any, Awaitable, Iterable
 
 from . import batch, proto
@@ -39,6 +40,12 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_CHUNK = 128
 
 _local_client_ids = itertools.count(1)
+
+# A request's fixed head (kind, flags, id), its payload length, and an extension block that
+# holds only a DEADLINE (block length 6, then the entry), each packed at once (§6.2, §6.2.2).
+_REQUEST_HEAD = struct.Struct("<BBQ").pack
+_U32 = struct.Struct("<I").pack
+_DEADLINE_BLOCK = struct.Struct("<HBBI").pack
 
 
 class Sequence:
@@ -184,8 +191,10 @@ class Client:
         conn = self._conn
         loop = asyncio.get_running_loop()
         try:
-            budget = self._budget(timeout)
-            if conn is None or conn.dead is not None or not conn.can_write():
+            budget = self.timeout if timeout is None else timeout
+            if budget <= 0:
+                raise ValueError("a timeout is positive")
+            if conn is None or conn.dead is not None or conn.paused:
                 return loop.create_task(self._call_later(method, request, encode, decode, budget, idempotent))
             return self._start(conn, method, encode(request), decode, loop.time() + budget, budget, idempotent)
         except Exception as e:
@@ -208,7 +217,13 @@ class Client:
     def _start(self, conn: Connection, method, payload: bytes, decode, deadline: float, left: float, idempotent: bool):
         rid = self.sequence.next(conn.pending)
         flags = proto.FLAG_IDEMPOTENT if idempotent else 0
-        message = proto.request_message(rid, flags, method.names, payload, self._extensions(conn, left))
+        tail = method.names
+        if conn.extensions:
+            micros = int(left * 1e6)
+            if micros <= proto.MAX_DEADLINE_MICROS:  # else left out, as in _extensions
+                flags |= proto.FLAG_EXTENSIONS
+                tail += _DEADLINE_BLOCK(6, proto.EXT_DEADLINE, 4, micros)
+        message = b"".join((_REQUEST_HEAD(proto.REQUEST, flags, rid), tail, _U32(len(payload)), payload))
         if len(message) > MAX_FRAME_LEN:
             raise TooLargeError(f"a request of {len(message)} bytes exceeds the frame limit of {MAX_FRAME_LEN} bytes")
         return conn.start(rid, message, decode, deadline)

@@ -76,6 +76,8 @@ class Connection(asyncio.Protocol):
         self.outbox = Outbox(self.loop)
         self._can_write = asyncio.Event()
         self._can_write.set()
+        # Whether the socket's send buffer is full (the server is not reading): calls wait.
+        self.paused = False
         self.extensions = False
         # Why no new call may use this connection (a GoAway, a failure, a close), or None.
         self.dead: str | None = None
@@ -140,14 +142,17 @@ class Connection(asyncio.Protocol):
             if not fut.done():
                 fut.set_exception(err)
         self.pings.clear()
+        self.paused = False
         self._can_write.set()
         if not self.closed.done():
             self.closed.set_result(None)
 
     def pause_writing(self) -> None:
+        self.paused = True
         self._can_write.clear()
 
     def resume_writing(self) -> None:
+        self.paused = False
         self._can_write.set()
 
     # -- reading -----------------------------------------------------------------------------
@@ -229,10 +234,6 @@ class Connection(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(frame)
-
-    def can_write(self) -> bool:
-        """Whether the socket takes more bytes now (the server is reading)."""
-        return self._can_write.is_set()
 
     async def writable(self) -> None:
         """Waits while the socket's send buffer is full (the server is not reading)."""
