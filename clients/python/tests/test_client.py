@@ -239,3 +239,139 @@ def test_the_blocking_client_calls_from_several_threads(echo_server):
             client.call(volley.Method("nope", "echo"), b"")
     with pytest.raises(volley.ConnectionLostError):
         volley.blocking.Client("tcp://127.0.0.1:1")
+
+
+class RecordingServer:
+    """A fake server that sends its preamble (``features``) ``delay`` seconds after the
+    client's, records every message it reads and answers none."""
+
+    def __init__(self, features: int = proto.FEATURE_EXTENSIONS, delay: float = 0.0):
+        self.features = features
+        self.delay = delay
+        self.messages: list[tuple] = []
+        self.changed = asyncio.Event()
+
+    async def handle(self, reader, writer):
+        await reader.readexactly(8)
+        await asyncio.sleep(self.delay)
+        writer.write(proto.preamble(self.features))
+        decoder = Decoder()
+        while data := await reader.read(1 << 16):
+            decoder.feed(data)
+            self.messages += decoder.messages()
+            self.changed.set()
+        writer.close()
+
+    async def wait_for(self, kind: int, n: int = 1) -> list[tuple]:
+        async def enough():
+            while len(got := [m for m in self.messages if m[0] == kind]) < n:
+                self.changed.clear()
+                await self.changed.wait()
+            return got
+
+        return await asyncio.wait_for(enough(), 60)
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+
+def test_a_deadline_that_passes_while_connecting_times_the_call_out():
+    """The call's budget runs out before the server's preamble arrives (so before its request
+    is encoded): it fails with CallTimeoutError, and nothing is sent."""
+
+    async def main():
+        async with RecordingServer(delay=0.3) as address:
+            client = volley.Client(address)
+            calls = [client.call(ECHO, b"x", timeout=0.01), client.call_raw(ECHO, b"x", timeout=0.01)]
+            for outcome in await asyncio.gather(*calls, client.call_batch(ECHO, [b"x"], timeout=0.01),
+                                                return_exceptions=True):
+                assert isinstance(outcome, volley.CallTimeoutError), repr(outcome)
+            await client.close(timeout=1)
+
+    run(main())
+
+
+def test_a_budget_too_long_for_the_deadline_field_is_left_out():
+    """§6.2.2: a budget over 4,294,967,295 µs travels without a DEADLINE (not clamped to it);
+    one that fits travels as it is."""
+
+    async def main():
+        rec = RecordingServer()
+        async with rec as address:
+            client = await volley.Client.connect(address)
+            calls = [client.call(ECHO, b"long", timeout=5_000.0), client.call(ECHO, b"fits", timeout=4_000.0)]
+            long_, fits = await rec.wait_for(proto.REQUEST, 2)
+            assert long_[6] == b"long" and not long_[1] & proto.FLAG_EXTENSIONS and not long_[5]
+            assert fits[6] == b"fits" and 3_900e6 < fits[5].deadline_micros <= 4_000e6
+            for c in calls:
+                c.cancel()
+            await client.close(timeout=1)
+
+    run(main())
+
+
+def test_deadlines_share_one_timer_and_each_call_times_out_at_its_own():
+    """Calls of different timeouts on one connection: each fails at its own deadline, in
+    deadline order, is forgotten and cancelled; answered ones leave no deadline behind."""
+
+    async def main():
+        rec = RecordingServer()
+        async with rec as address:
+            client = await volley.Client.connect(address)
+            conn = client._conn
+            order: list[float] = []
+            loop = asyncio.get_running_loop()
+
+            async def timed(t: float):
+                start = loop.time()
+                with pytest.raises(volley.CallTimeoutError):
+                    await client.call(ECHO, b"x", timeout=t)
+                assert loop.time() - start >= t - 0.01
+                order.append(t)
+
+            await asyncio.gather(timed(0.6), timed(0.2), timed(0.4))
+            assert order == [0.2, 0.4, 0.6]
+            assert not conn.pending and conn.timer is None
+            cancels = await rec.wait_for(proto.CANCEL, 3)
+            requests = [m[2] for m in rec.messages if m[0] == proto.REQUEST]
+            assert sorted(m[1] for m in cancels) == sorted(requests)
+            await client.close(timeout=1)
+
+    run(main())
+
+
+def test_a_cancelled_caller_forgets_its_call_and_tells_the_server():
+    async def main():
+        rec = RecordingServer()
+        async with rec as address:
+            client = await volley.Client.connect(address)
+            task = asyncio.ensure_future(client.call(ECHO, b"x"))
+            (request,) = await rec.wait_for(proto.REQUEST)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            (cancel,) = await rec.wait_for(proto.CANCEL)
+            assert cancel[1] == request[2] and not client._conn.pending
+            await client.close(timeout=1)
+
+    run(main())
+
+
+def test_many_calls_on_one_connection_keep_the_deadline_heap_small(echo_server):
+    """Answered calls leave the heap of deadlines as new ones come: it holds about the calls
+    in flight, not every call of the last timeout's span."""
+
+    async def main():
+        async with await volley.Client.connect(echo_server.address) as client:
+            for _ in range(20):
+                await asyncio.gather(*(client.call(ECHO, b"x") for _ in range(50)))
+            for _ in range(200):
+                assert await client.call(ECHO, b"y") == b"y"
+            assert len(client._conn.deadlines) <= 51
+            assert client._conn.timer is not None  # the 30 s default is still armed
+
+    run(main())

@@ -7,6 +7,8 @@ import asyncio
 import json
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,6 +178,39 @@ def test_the_rust_server_passes_the_conformance_runner(echo_server):
     passed_cases(run_conformance("server", echo_server.address), "echo_server")
 
 
+def test_the_runner_stops_the_rust_server_with_its_command_and_sees_goaway():
+    server = serve_echo()
+    try:
+        out = run_conformance("server", server.address, "--stop-command", f"kill -INT {server.proc.pid}")
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(WIRE['echo_server']) + 1} cases, 0 failed" in out.stdout, out.stdout
+    assert "ok      a graceful stop sends GoAway(ShuttingDown)" in out.stdout, out.stdout
+
+
+def test_the_python_server_passes_every_server_case_and_the_graceful_stop(tmp_path):
+    """The README's serving example (it serves echo/echo) in a process of its own, stopped by
+    the runner with SIGINT: serve_forever shuts it down with GoAway(ShuttingDown)."""
+    import re as re_
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re_.search(r"```python\n(.*?)```", readme[readme.index("## Serving") :], re_.S).group(1)
+    script = tmp_path / "serve.py"
+    script.write_text(code)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        address = re_.match(r"serving on (\S+)", proc.stdout.readline()).group(1)
+        out = run_conformance("server", address, "--stop-command", f"kill -INT {proc.pid}")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"{len(WIRE['echo_server']) + 1} cases, 0 failed" in out.stdout, out.stdout
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_the_runner_fails_a_server_that_does_not_serve_echo():
     server = serve_echo("--name", "other")
     try:
@@ -230,8 +265,14 @@ def test_a_driver_whose_client_misreports_fails_the_run(monkeypatch):
 def check_exchange(address: str, case: dict) -> None:
     """Send, half-close (the server answers what it read, then closes: §9.6.1), read all."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    first = bytes.fromhex(case["preamble"]) if "preamble" in case else proto.preamble()
+    if "send_frame_of" in case:
+        repeat = case["send_frame_of"]
+        send = proto.frames([bytes.fromhex(repeat["message"]) * repeat["count"]])[0]
+    else:
+        send = bytes.fromhex(case["send"])
     with socket.create_connection((host, int(port)), timeout=60) as s:
-        s.sendall(proto.preamble() + bytes.fromhex(case["send"]))
+        s.sendall(first + send)
         s.shutdown(socket.SHUT_WR)
         received = b""
         while chunk := s.recv(65536):

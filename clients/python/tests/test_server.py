@@ -66,7 +66,7 @@ def test_python_client_and_server_single_batch_and_failures_in_place(scheme):
                 # A batch handler's exception for one item fails that item alone.
                 three, also_three, failed = await client.call_batch(SUM, [[1, 2], [3], "x"])
                 assert (three, also_three) == (3, 3)
-                assert isinstance(failed, volley.PanickedError) and "not a list" in failed.message
+                assert isinstance(failed, volley.PanickedError) and "not a list" not in failed.message
 
     run(main())
 
@@ -167,3 +167,72 @@ def test_the_rust_client_calls_the_python_server(controller):
             assert report["registry_mode"] == "direct", report
 
     run(main())
+
+
+def test_a_handler_exception_reaches_the_caller_without_its_text_unless_exposed(caplog):
+    """An unplanned exception is answered Panicked with a generic message (its text stays in
+    the server's log); Server(expose_errors=True) sends its type and text."""
+    LEAK = Method("leak", "single")
+    LEAK_BATCH = Method("leak", "batch")
+
+    def leaky(_: bytes) -> bytes:
+        raise RuntimeError("password=hunter2 in /srv/app/config.py")
+
+    async def main(expose: bool) -> list[volley.RemoteError]:
+        server = Server(expose_errors=expose)
+        server.handle(LEAK, leaky)
+        server.handle_batch(LEAK_BATCH, lambda items: [leaky(i) for i in items])
+        async with server:
+            address = await server.listen("tcp://127.0.0.1:0")
+            async with await volley.Client.connect(address) as client:
+                with pytest.raises(volley.PanickedError) as single:
+                    await client.call(LEAK, b"x")
+                (item,) = await client.call_batch(LEAK_BATCH, [b"x"])
+                return [single.value, item]
+
+    with caplog.at_level("ERROR", logger="volley.server"):
+        for failure in run(main(False)):
+            assert isinstance(failure, volley.PanickedError)
+            assert failure.message == volley.server.HANDLER_FAILED
+    assert "hunter2" in caplog.text and "leak/single" in caplog.text
+    for failure in run(main(True)):
+        assert isinstance(failure, volley.PanickedError)
+        assert "RuntimeError: password=hunter2" in failure.message
+
+
+def test_the_readmes_serving_example_runs_as_written_and_stops_on_ctrl_c(tmp_path):
+    """The README's serving example, run as a script: it serves the echo and a batch method
+    until SIGINT, then shuts down gracefully (a caller connected then gets GoAway) and exits 0."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    serving = readme[readme.index("## Serving") :]
+    code = re.search(r"```python\n(.*?)```", serving, re.S).group(1)
+    script = tmp_path / "serve.py"
+    script.write_text(code)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.match(r"serving on (\S+)", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+
+        async def main():
+            async with await volley.Client.connect(m.group(1)) as client:
+                assert await client.call(ECHO, b"hi") == b"hi"
+                top = Method("search", "top", JSON, JSON)
+                assert await client.call_batch(top, ["a"]) == [{"query": "a", "hits": []}]
+                proc.send_signal(signal.SIGINT)
+                conn = client._conn
+                await asyncio.wait_for(conn.closed, 60)
+                assert conn.goaway is not None and conn.goaway[0] == volley.Code.SHUTTING_DOWN
+
+        run(main())
+        assert proc.wait(60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -26,6 +26,11 @@ enum Side {
         /// Seconds each case may take before it fails (a server that never closes).
         #[arg(long, default_value_t = 30.0)]
         per_case: f64,
+        /// A shell command that makes the server under test shut down gracefully (say
+        /// `kill -TERM 1234`), run after the other cases with a connection open: the server
+        /// must then send GoAway(ShuttingDown) on it. Without it that case is not played.
+        #[arg(long)]
+        stop_command: Option<String>,
     },
     /// Listen at ADDR (port 0: any) and play the server's side of the client cases against
     /// the driver of a client under test (`volley conformance drive` for the Rust client,
@@ -93,9 +98,10 @@ pub fn run(args: ConformanceArgs) -> Result<(), String> {
     };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("starting the runtime: {e}"))?;
     match args.side {
-        Side::Server { addr, per_case } => {
+        Side::Server { addr, per_case, stop_command } => {
             let per_case = secs("per-case", per_case)?;
-            verdict(runtime.block_on(server_side::play(&addr, per_case)))
+            let stop = stop_command.map(stop_by_command);
+            verdict(runtime.block_on(server_side::play_and_stop(&addr, per_case, stop)))
         }
         Side::Client { addr, timeout } => {
             let timeout = secs("timeout", timeout)?;
@@ -125,6 +131,21 @@ pub fn run(args: ConformanceArgs) -> Result<(), String> {
         Side::Serve { addr, token } => runtime.block_on(serve(&addr, token.as_deref())),
         Side::Hash { seed } => hash_lines(seed),
     }
+}
+
+/// Runs `command` with `sh -c` to stop the server under test; it must exit successfully.
+fn stop_by_command(command: String) -> server_side::Stop {
+    Box::new(move || {
+        Box::pin(async move {
+            let status = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(&command)
+                .status()
+                .await
+                .map_err(|e| format!("running {command:?}: {e}"))?;
+            if status.success() { Ok(()) } else { Err(format!("{command:?} exited with {status}")) }
+        })
+    })
 }
 
 fn verdict(report: Report) -> Result<(), String> {

@@ -37,6 +37,8 @@ struct State {
     next: usize,
     /// The case handed out last, and whether its call arrived.
     current: Option<(usize, bool)>,
+    /// Whether the client answered the current case's Ping (a case with `after_pong`).
+    ponged: bool,
     results: Vec<Option<Result<(), String>>>,
 }
 
@@ -83,7 +85,7 @@ impl ClientSide {
             let result = result.clone().unwrap_or_else(|| Err(format!("no report within {timeout:?}")));
             (str_of(case, "name").to_string(), result)
         });
-        Report { cases: cases.collect() }
+        Report { cases: cases.collect(), ..Report::default() }
     }
 }
 
@@ -93,13 +95,26 @@ async fn connection(mut stream: BoxStream, state: &Mutex<State>, done: &Notify) 
     stream.write_all(&PREAMBLE).await.map_err(io)?;
     let (limits, mut buf) = (Limits::default(), BytesMut::new());
     let mut decoder = Decoder::new(limits);
+    // A case's Ping waiting for its Pong, and the answers that follow it.
+    let mut awaiting_pong: Option<(u64, Vec<u8>)> = None;
     loop {
         while let Some(body) = decoder.next_frame(&mut buf).map_err(|e| e.to_string())? {
             let mut messages = Vec::new();
             decode_frame(&body, &limits, &mut messages).map_err(|e| e.to_string())?;
             for m in &messages {
+                if let (Message::Pong { token }, Some((want, _))) = (m, &awaiting_pong)
+                    && token == want
+                {
+                    state.lock().expect("state").ponged = true;
+                    let (_, after) = awaiting_pong.take().expect("awaited");
+                    stream.write_all(&after).await.map_err(io)?;
+                    continue;
+                }
                 let answer = answer(m, state, done);
                 stream.write_all(&answer.bytes).await.map_err(io)?;
+                if answer.after_pong.is_some() {
+                    awaiting_pong = answer.after_pong;
+                }
                 if answer.close {
                     return stream.shutdown().await.map_err(io);
                 }
@@ -115,11 +130,13 @@ async fn connection(mut stream: BoxStream, state: &Mutex<State>, done: &Notify) 
 struct Answer {
     bytes: Vec<u8>,
     close: bool,
+    /// A Ping's token, and the bytes to send once the client has answered it with a Pong.
+    after_pong: Option<(u64, Vec<u8>)>,
 }
 
 fn answer(m: &Message, state: &Mutex<State>, done: &Notify) -> Answer {
     let mut fb = FrameBuilder::new(Limits::default());
-    let (mut before, mut raw, mut close) = (Vec::new(), Vec::new(), false);
+    let (mut before, mut raw, mut close, mut after_pong) = (Vec::new(), Vec::new(), false, None);
     match m {
         Message::Ping { token } => fb.pong(*token),
         Message::Request { id, names, payload, .. } if names.service() == CONTROL => {
@@ -142,6 +159,16 @@ fn answer(m: &Message, state: &Mutex<State>, done: &Notify) -> Answer {
                         |field| case.get(field).and_then(Value::as_str).map(unhex).unwrap_or_default();
                     (before, raw) = (bytes("before"), bytes("raw"));
                     close = case["then"] == "close";
+                    if let Some(after) = case.get("after_pong") {
+                        let mut later = FrameBuilder::new(Limits::default());
+                        for answer in after["answers"].as_array().into_iter().flatten() {
+                            build(&mut later, &with_id(answer, *id));
+                        }
+                        let mut segments = Vec::new();
+                        later.take_into(&mut segments);
+                        after_pong =
+                            Some((after["token"].as_u64().expect("after_pong.token"), segments.concat()));
+                    }
                 }
                 Err(e) => fb.error(*id, Code::BadRequest, &e),
             }
@@ -151,7 +178,7 @@ fn answer(m: &Message, state: &Mutex<State>, done: &Notify) -> Answer {
     let mut segments = Vec::new();
     fb.take_into(&mut segments);
     let bytes = [before, segments.concat(), raw].concat();
-    Answer { bytes, close }
+    Answer { bytes, close, after_pong }
 }
 
 /// The next case's call for the driver (empty when none is left: the run is over).
@@ -164,6 +191,7 @@ fn next(state: &mut State, done: &Notify) -> Bytes {
         return Bytes::new();
     };
     state.current = Some((state.next, false));
+    state.ponged = false;
     state.next += 1;
     let mut call = case["call"].clone();
     call["name"] = case["name"].clone();
@@ -180,6 +208,8 @@ fn report(state: &mut State, payload: &Bytes) -> Result<Bytes, (Code, String)> {
     let want = &state.cases[i]["outcome"];
     let result = if !called {
         Err(format!("reported {got} without making the call"))
+    } else if state.cases[i].get("after_pong").is_some() && !state.ponged {
+        Err(format!("the client did not answer the server's Ping with a Pong (§9.5); it reported {got}"))
     } else if outcome_matches(want, &got) {
         Ok(())
     } else {
@@ -215,8 +245,12 @@ fn play_case<'a>(
     *called = true;
     let case = &state.cases[*i];
     let got = to_json(m);
-    if got["flags"].as_u64().unwrap_or(0) & 0x02 != 0 {
+    let flags = got["flags"].as_u64().unwrap_or(0);
+    if flags & 0x02 != 0 {
         return Err("request extensions sent to a server that did not announce them (§4.4)".into());
+    }
+    if flags & 0xfc != 0 {
+        return Err(format!("reserved request flag bits set (flags {flags:#04x}; §6.2.1: sent as 0)"));
     }
     let want = &case["call"];
     let kind = if want.get("items").is_some() { "batch_request" } else { "request" };
@@ -227,11 +261,16 @@ fn play_case<'a>(
         return Err(format!("expected the call {want}, got {got}"));
     }
     for answer in case["answers"].as_array().into_iter().flatten() {
-        let mut answer = answer.clone();
-        if answer["id"] == "call" {
-            answer["id"] = json!(id);
-        }
-        build(fb, &answer);
+        build(fb, &with_id(answer, id));
     }
     Ok(case)
+}
+
+/// An answer of a case, with the call's id where it says `"call"`.
+fn with_id(answer: &Value, id: u64) -> Value {
+    let mut answer = answer.clone();
+    if answer["id"] == "call" {
+        answer["id"] = json!(id);
+    }
+    answer
 }

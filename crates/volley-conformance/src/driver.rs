@@ -33,8 +33,9 @@ pub async fn drive(addr: &str, call_timeout: Duration) -> Result<Vec<String>, Er
     }
 }
 
-/// Makes one case's call on a client of its own and describes how it ended.
-async fn play(addr: &str, call: &Value, call_timeout: Duration) -> Value {
+/// Makes one case's call on a client of its own and describes how it ended (the JSON of a
+/// report).
+pub async fn play(addr: &str, call: &Value, call_timeout: Duration) -> Value {
     let text = |f: &str| call[f].as_str().unwrap_or_default();
     // Method names are 'static; a run leaks the few bytes of its cases' names.
     let name = |f: &str| -> &'static str { Box::leak(text(f).to_string().into_boxed_str()) };

@@ -44,10 +44,12 @@ pub fn xxh3(data: &[u8], seed: u64) -> u64 {
     if seed == 0 { volley::balance::key_hash(data) } else { xxhash_rust::xxh3::xxh3_64_with_seed(data, seed) }
 }
 
-/// What a run of the cases found: one line per case, `Err` with what went wrong.
+/// What a run of the cases found: one line per case, `Err` with what went wrong; and the
+/// cases not played, each with why (an optional feature the peer does not have, say).
 #[derive(Debug, Default)]
 pub struct Report {
     pub cases: Vec<(String, Result<(), String>)>,
+    pub not_played: Vec<(String, String)>,
 }
 
 impl Report {
@@ -56,7 +58,8 @@ impl Report {
         !self.cases.is_empty() && self.cases.iter().all(|(_, r)| r.is_ok())
     }
 
-    /// One line per case, `ok` or `FAILED` with the reason, then a summary line.
+    /// One line per case, `ok` or `FAILED` with the reason, one per case not played (`n/a`
+    /// with why), then a summary line.
     pub fn render(&self) -> String {
         let mut out = String::new();
         for (name, result) in &self.cases {
@@ -65,8 +68,15 @@ impl Report {
                 Err(e) => out.push_str(&format!("FAILED  {name}: {e}\n")),
             }
         }
+        for (name, why) in &self.not_played {
+            out.push_str(&format!("n/a     {name}: {why}\n"));
+        }
         let failed = self.cases.iter().filter(|(_, r)| r.is_err()).count();
-        out.push_str(&format!("{} cases, {failed} failed\n", self.cases.len()));
+        out.push_str(&format!("{} cases, {failed} failed", self.cases.len()));
+        if !self.not_played.is_empty() {
+            out.push_str(&format!(", {} not played", self.not_played.len()));
+        }
+        out.push('\n');
         out
     }
 }

@@ -33,10 +33,10 @@ class Client:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def call(self, method, request: Any, **options: Any) -> Any:
-        return self._run(self._client.call(method, request, **options))
+        return self._run(_awaited(self._client.call, method, request, **options))
 
     def call_batch(self, method, requests, **options: Any) -> list[Any]:
-        return self._run(self._client.call_batch(method, requests, **options))
+        return self._run(_awaited(self._client.call_batch, method, requests, **options))
 
     def ping(self, **options: Any) -> float:
         return self._run(self._client.ping(**options))
@@ -57,3 +57,9 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+async def _awaited(call, *args: Any, **options: Any) -> Any:
+    """``call(*args)`` made on the client's loop (a call starts its work before it is awaited,
+    which must be on the loop's thread), and awaited."""
+    return await call(*args, **options)

@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl as ssl_module
-from typing import Any, Iterable
+import struct
+from typing import Any, Awaitable, Iterable
 
 from . import batch, proto
 from .address import open_connection, parse
-from .codec import Method
+from .codec import RAW, Method
 from .connection import Connection
 from .errors import (
     CallTimeoutError,
@@ -39,6 +40,12 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_CHUNK = 128
 
 _local_client_ids = itertools.count(1)
+
+# A request's fixed head (kind, flags, id), its payload length, and an extension block that
+# holds only a DEADLINE (block length 6, then the entry), each packed at once (§6.2, §6.2.2).
+_REQUEST_HEAD = struct.Struct("<BBQ").pack
+_U32 = struct.Struct("<I").pack
+_DEADLINE_BLOCK = struct.Struct("<HBBI").pack
 
 
 class Sequence:
@@ -150,36 +157,76 @@ class Client:
 
     @staticmethod
     def _extensions(conn: Connection, budget: float) -> proto.Extensions | None:
+        """The request's extensions: the budget left (§6.2.2) to a server that takes them. A
+        budget the field cannot hold (over 4,294,967,295 µs, about 71.6 minutes) is left out
+        rather than cut: the server then sets no deadline, where a shorter one would have it
+        give up on a caller still waiting."""
         if not conn.extensions:
             return None
-        return proto.Extensions(deadline_micros=min(int(budget * 1e6), proto.MAX_DEADLINE_MICROS))
+        micros = int(budget * 1e6)
+        if micros > proto.MAX_DEADLINE_MICROS:
+            return None
+        return proto.Extensions(deadline_micros=micros)
 
-    async def call(
+    def call(
         self, method: Method, request: Any, *, timeout: float | None = None, idempotent: bool = False
-    ) -> Any:
-        """Sends one request and returns the decoded reply, or raises (``RemoteError`` for an
-        error reply, ``CallTimeoutError``, ``ConnectionLostError`` ...)."""
-        payload = method.request.encode(request)
-        reply = await self.call_raw(method, payload, timeout=timeout, idempotent=idempotent)
-        return method.reply.decode(reply)
+    ) -> Awaitable[Any]:
+        """Sends one request; what it returns is awaited for the decoded reply, or raises
+        (``RemoteError`` for an error reply, ``CallTimeoutError``, ``ConnectionLostError`` ...).
 
-    async def call_raw(
+        On a connection that is up and can take more bytes, the request is encoded and queued
+        before this returns, and what it returns is the call's own future (no task): the reader
+        completes it when the answer arrives. Otherwise (connecting first, or waiting for the
+        socket to drain) a task does the same once it can."""
+        reply = method.reply
+        return self._call(method, request, method.request.encode, None if reply is RAW else reply.decode, timeout, idempotent)
+
+    def call_raw(
         self, method: Method, payload: bytes, *, timeout: float | None = None, idempotent: bool = False
-    ) -> bytes:
+    ) -> Awaitable[bytes]:
         """``call`` with the payloads as bytes, not encoded or decoded here."""
-        budget = self._budget(timeout)
+        return self._call(method, payload, RAW.encode, None, timeout, idempotent)
+
+    def _call(self, method, request, encode, decode, timeout, idempotent) -> Awaitable[Any]:
+        conn = self._conn
+        loop = asyncio.get_running_loop()
+        try:
+            budget = self.timeout if timeout is None else timeout
+            if budget <= 0:
+                raise ValueError("a timeout is positive")
+            if conn is None or conn.dead is not None or conn.paused:
+                return loop.create_task(self._call_later(method, request, encode, decode, budget, idempotent))
+            return self._start(conn, method, encode(request), decode, loop.time() + budget, budget, idempotent)
+        except Exception as e:
+            # Raised when awaited, as from a coroutine: a call in a gather fails in its place.
+            failed = loop.create_future()
+            failed.set_exception(e)
+            return failed
+
+    async def _call_later(self, method, request, encode, decode, budget, idempotent) -> Any:
+        """The call on its way when it must wait first: for a connection, or for the socket."""
         deadline = asyncio.get_running_loop().time() + budget
+        payload = encode(request)
         conn = await self._connection()
         await conn.writable()
+        left = deadline - conn.loop.time()
+        if left <= 0:
+            raise CallTimeoutError("the call's deadline passed before its request could be sent")
+        return await self._start(conn, method, payload, decode, deadline, left, idempotent)
+
+    def _start(self, conn: Connection, method, payload: bytes, decode, deadline: float, left: float, idempotent: bool):
         rid = self.sequence.next(conn.pending)
         flags = proto.FLAG_IDEMPOTENT if idempotent else 0
-        ext = self._extensions(conn, deadline - conn.loop.time())
-        message = proto.request_message(rid, flags, method.names, payload, ext)
+        tail = method.names
+        if conn.extensions:
+            micros = int(left * 1e6)
+            if micros <= proto.MAX_DEADLINE_MICROS:  # else left out, as in _extensions
+                flags |= proto.FLAG_EXTENSIONS
+                tail += _DEADLINE_BLOCK(6, proto.EXT_DEADLINE, 4, micros)
+        message = b"".join((_REQUEST_HEAD(proto.REQUEST, flags, rid), tail, _U32(len(payload)), payload))
         if len(message) > MAX_FRAME_LEN:
             raise TooLargeError(f"a request of {len(message)} bytes exceeds the frame limit of {MAX_FRAME_LEN} bytes")
-        fut = conn.expect(rid)
-        conn.send(message)
-        return await _wait(conn, rid, fut, deadline)
+        return conn.start(rid, message, decode, deadline)
 
     async def call_batch(
         self,
@@ -200,10 +247,13 @@ class Client:
         prepared = batch.Prepared(method, list(requests), min(max(chunk, 1), MAX_BATCH_ITEMS))
         conn = await self._connection()
         await conn.writable()
+        left = deadline - conn.loop.time()
+        if left <= 0:
+            raise CallTimeoutError("the call's deadline passed before its requests could be sent")
         rids = [self.sequence.next(conn.pending) for _ in range(prepared.chunks)]
         call = batch.BatchCall(conn, rids, prepared.edges)
         flags = proto.FLAG_IDEMPOTENT if idempotent else 0
-        ext = self._extensions(conn, budget)
+        ext = self._extensions(conn, left)
         frames = proto.batch_request_frames(
             rids, flags, method.names, prepared.payloads, prepared.edges, prepared.size, ext
         )
@@ -251,23 +301,3 @@ class Client:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-
-async def _wait(conn: Connection, rid: int, fut: asyncio.Future, deadline: float) -> Any:
-    """The answer to ``rid``, or ``CallTimeoutError`` at the deadline (then the id is dropped,
-    and a late answer is ignored, §7.3). A caller that is cancelled forgets the call too."""
-    timer = conn.loop.call_at(deadline, _expire, fut)
-    try:
-        return await fut
-    except CallTimeoutError:
-        conn.forget(rid, cancel=True)
-        raise
-    except asyncio.CancelledError:
-        conn.forget(rid, cancel=True)
-        raise
-    finally:
-        timer.cancel()
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(CallTimeoutError("the call's deadline passed before an answer"))

@@ -14,6 +14,7 @@ It exits with status 1 if the runner refused any outcome (the runner prints whic
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -70,10 +71,19 @@ async def drive(address: str, timeout: float = 30.0) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m volley.conformance ADDR  (a `volley conformance client` runner)", file=sys.stderr)
+    parser = argparse.ArgumentParser(
+        prog="python -m volley.conformance",
+        description="Plays the client side of the conformance cases that a `volley conformance client "
+        "ADDR` runner hands out, and exits with status 1 if it refused any outcome.",
+    )
+    parser.add_argument("address", metavar="ADDR", help="the runner's address, e.g. tcp://127.0.0.1:7500")
+    parser.add_argument("--timeout", type=float, default=30.0, help="each case's call timeout in seconds (30)")
+    args = parser.parse_args(argv)
+    try:
+        refused = asyncio.run(drive(args.address, args.timeout))
+    except (VolleyError, ValueError) as e:
+        print(f"python -m volley.conformance: {e}", file=sys.stderr)
         return 2
-    refused = asyncio.run(drive(argv[0]))
     for line in refused:
         print(f"refused: {line}", file=sys.stderr)
     return 1 if refused else 0

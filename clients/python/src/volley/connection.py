@@ -5,19 +5,31 @@ frames at a time, and each answer completes the future of the call with its id (
 §7.3). Messages to send are queued and written together once per turn of the event loop, so
 calls made together leave in one write without any timer (§9.3). When the connection ends,
 every call still waiting fails at once, exactly once.
+
+A single call costs the event loop as little as it can: no task, no timer of its own. Its
+future (a ``Call``) is what the caller awaits; the reader completes it in the turn its answer
+arrives. The deadlines of all the calls on a connection sit in one heap, served by one loop
+timer armed for the earliest: a call adds an entry and, as every call of a client usually has
+the same timeout, almost never moves the timer. Answered calls leave the heap lazily, from its
+front (calls are answered about in the order they were made, so the heap stays about as small
+as the number of calls in flight).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from heapq import heappop, heappush
+from math import inf
+from typing import Any, Callable
 
 from . import proto
 from .batch import BatchCall
 from .decoder import Decoder
 from .outbox import Outbox
 from .errors import (
+    CallTimeoutError,
     Code,
+    CodecError,
     ConnectionLostError,
     ProtocolViolationError,
     UnauthenticatedError,
@@ -25,6 +37,21 @@ from .errors import (
     error_for,
 )
 from .proto import BATCH_REPLY, ERROR, GOAWAY, PING, PONG, REPLY, WireError
+
+_TIMED_OUT = "the call's deadline passed before an answer"
+
+
+class Call(asyncio.Future):
+    """The future of one call in flight: its answer (decoded with ``decode``, unless that is
+    ``None``), or the error it ended with. Cancelling it (the caller's task was cancelled, say)
+    forgets the call on its connection and tells the server (§9.4)."""
+
+    __slots__ = ("conn", "rid", "decode")
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not self.done():
+            self.conn.forget(self.rid, cancel=True)
+        return super().cancel(msg)
 
 
 class Connection(asyncio.Protocol):
@@ -36,7 +63,12 @@ class Connection(asyncio.Protocol):
         self.token = token
         self.decoder = Decoder()
         # id -> the future of the call waiting for it, or the BatchCall of a batch's chunk.
-        self.pending: dict[int, asyncio.Future | BatchCall] = {}
+        self.pending: dict[int, Call | BatchCall] = {}
+        # The single calls' deadlines, a heap of (deadline, id, call), and the one loop timer
+        # armed for the earliest (when it fires: ``timer_at``).
+        self.deadlines: list[tuple[float, int, Call]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = inf
         self.pings: dict[int, asyncio.Future] = {}
         self.ready: asyncio.Future = self.loop.create_future()  # the server's features byte
         self.closed: asyncio.Future = self.loop.create_future()
@@ -44,6 +76,8 @@ class Connection(asyncio.Protocol):
         self.outbox = Outbox(self.loop)
         self._can_write = asyncio.Event()
         self._can_write.set()
+        # Whether the socket's send buffer is full (the server is not reading): calls wait.
+        self.paused = False
         self.extensions = False
         # Why no new call may use this connection (a GoAway, a failure, a close), or None.
         self.dead: str | None = None
@@ -74,7 +108,20 @@ class Connection(asyncio.Protocol):
         except WireError as e:
             self._protocol_failure(str(e))
             return
+        pending = self.pending
         for m in messages:
+            # The answer to a single call, completed here, in the reader's turn.
+            if m[0] == REPLY:
+                entry = pending.pop(m[1], None)
+                if type(entry) is Call:
+                    if not entry.done():
+                        if entry.decode is None:
+                            entry.set_result(m[2])
+                        else:
+                            _decoded(entry, m[2])
+                    continue
+                if entry is not None:
+                    pending[m[1]] = entry
             self._dispatch(m)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -87,18 +134,25 @@ class Connection(asyncio.Protocol):
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
+        self.deadlines.clear()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer, self.timer_at = None, inf
         for fut in self.pings.values():
             if not fut.done():
                 fut.set_exception(err)
         self.pings.clear()
+        self.paused = False
         self._can_write.set()
         if not self.closed.done():
             self.closed.set_result(None)
 
     def pause_writing(self) -> None:
+        self.paused = True
         self._can_write.clear()
 
     def resume_writing(self) -> None:
+        self.paused = False
         self._can_write.set()
 
     # -- reading -----------------------------------------------------------------------------
@@ -188,15 +242,54 @@ class Connection(asyncio.Protocol):
 
     # -- calls -------------------------------------------------------------------------------
 
-    def expect(self, rid: int) -> asyncio.Future:
-        """The future of call ``rid``: its answer, or the error the connection ended with
-        (at once if it already has: a call never waits on a closed connection)."""
-        fut = self.loop.create_future()
+    def start(self, rid: int, message: bytes, decode: Callable[[bytes], Any] | None, deadline: float) -> Call:
+        """Sends the request ``message`` of call ``rid`` and returns its future: the answer
+        (through ``decode``), ``CallTimeoutError`` at ``deadline`` (then the id is dropped and
+        a ``Cancel`` sent), or the error the connection ended with (at once if it already has:
+        a call never waits on a closed connection)."""
+        call = Call(loop=self.loop)
+        call.conn = self
+        call.rid = rid
+        call.decode = decode
         if self.lost is not None:
-            fut.set_exception(self.lost)
+            call.set_exception(self.lost)
+            return call
+        pending = self.pending
+        if not pending and not self.outbox.queued():
+            # Nothing in flight nor queued to share a write with (a caller making one call
+            # after the other): it leaves now, a turn of the loop sooner.
+            self.outbox.write_now(message)
         else:
-            self.pending[rid] = fut
-        return fut
+            self.outbox.send(message)
+        pending[rid] = call
+        deadlines = self.deadlines
+        while deadlines and deadlines[0][2].done():  # answered: its deadline no longer counts
+            heappop(deadlines)
+        heappush(deadlines, (deadline, rid, call))
+        if deadline < self.timer_at:
+            self._arm(deadline)
+        return call
+
+    def _arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(when, self._expire)
+        self.timer_at = when
+
+    def _expire(self) -> None:
+        """The timer: every call whose deadline has come ends with ``CallTimeoutError`` (and
+        is forgotten and cancelled); the timer is armed again for the next deadline."""
+        self.timer, limit, self.timer_at = None, max(self.timer_at, self.loop.time()), inf
+        deadlines, pending = self.deadlines, self.pending
+        while deadlines:
+            deadline, rid, call = deadlines[0]
+            if deadline > limit and not call.done():
+                self._arm(deadline)
+                return
+            heappop(deadlines)
+            if not call.done():
+                self.forget(rid, cancel=True)
+                call.set_exception(CallTimeoutError(_TIMED_OUT))
 
     def expect_batch(self, call: BatchCall) -> None:
         """A batch's chunks, by id: each ends with its answer, or with the error the
@@ -209,7 +302,7 @@ class Connection(asyncio.Protocol):
     def waiting(self) -> set[asyncio.Future]:
         """The futures of the calls still waiting (a batch's chunks share one)."""
         return {
-            entry if isinstance(entry, asyncio.Future) else entry.future
+            entry if type(entry) is Call else entry.future
             for entry in self.pending.values()
             if not entry.done()
         }
@@ -235,7 +328,14 @@ class Connection(asyncio.Protocol):
             t.write_eof()
 
 
-def _failed(entry: asyncio.Future | BatchCall, rid: int, error: Exception) -> None:
+def _decoded(call: Call, payload: bytes) -> None:
+    try:
+        call.set_result(call.decode(payload))
+    except CodecError as e:
+        call.set_exception(e)
+
+
+def _failed(entry: Call | BatchCall, rid: int, error: Exception) -> None:
     """Call ``rid`` ended with ``error`` (a single call, or one chunk of a batch)."""
     if type(entry) is BatchCall:
         entry.fail(rid, error)

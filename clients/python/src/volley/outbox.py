@@ -8,6 +8,8 @@ import asyncio
 
 from . import proto
 
+_U32 = proto._U32.pack
+
 
 class Counters:
     """Traffic of a server's connections: messages and bytes (frame headers included, the
@@ -34,6 +36,21 @@ class Outbox:
     def send_many(self, messages: list[bytes]) -> None:
         self._out.extend(messages)
         self._schedule()
+
+    def queued(self) -> bool:
+        """Whether messages wait for the end of this turn."""
+        return bool(self._out)
+
+    def write_now(self, message: bytes) -> None:
+        """Writes one message in a frame of its own at once (nothing may be queued: it would
+        be overtaken)."""
+        t = self.transport
+        if t is not None and not t.is_closing():
+            data = _U32(len(message)) + message
+            t.write(data)
+            if self.counters is not None:
+                self.counters.messages_sent += 1
+                self.counters.bytes_sent += len(data)
 
     def _schedule(self) -> None:
         if not self._scheduled:

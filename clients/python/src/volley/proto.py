@@ -83,7 +83,10 @@ class Extensions:
         """The block: u16 length, then the entries."""
         body = b""
         if self.deadline_micros is not None:
-            body += struct.pack("<BBI", EXT_DEADLINE, 4, min(self.deadline_micros, MAX_DEADLINE_MICROS))
+            if not 0 <= self.deadline_micros <= MAX_DEADLINE_MICROS:
+                # §6.2.2: a budget the field cannot hold is left out, never cut to fit.
+                raise ValueError(f"a deadline of {self.deadline_micros} µs does not fit the field (a u32)")
+            body += struct.pack("<BBI", EXT_DEADLINE, 4, self.deadline_micros)
         if self.trace_parent is not None:
             body += bytes([EXT_TRACEPARENT, len(self.trace_parent)]) + self.trace_parent
         return struct.pack("<H", len(body)) + body

@@ -10,7 +10,10 @@
 
 A handler takes the decoded request and returns the reply value (or a coroutine of it). It
 fails a request by raising a ``RemoteError`` (``ApplicationError("why")`` or any code); any
-other exception is answered ``Panicked`` (5) and the server lives on. A batch handler takes a
+other exception is answered ``Panicked`` (5) with a message that says only that (its text may
+hold what a remote caller should not see: paths, queries, data), is logged here with its
+traceback, and the server lives on; ``Server(expose_errors=True)`` sends the exception's type
+and text too. A batch handler takes a
 list of requests and returns one result per request: a value, or an exception for that item.
 Requests whose payload does not decode are answered ``BadRequest`` (3) without the handler.
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import signal
 from typing import Any, Callable
 
 from .address import Address, parse
@@ -30,14 +35,20 @@ from .server_connection import ServerConnection
 
 Handler = Callable[[Any], Any]
 
+log = logging.getLogger("volley.server")
+
+# What a caller is told of a handler's unplanned exception, unless the server exposes errors.
+HANDLER_FAILED = "the handler failed (the server's log has the details)"
+
 
 class Route:
     """How one method is served: its codecs, and a handler per request or per batch."""
 
-    def __init__(self, method: Method, handler: Handler, batch: bool):
+    def __init__(self, method: Method, handler: Handler, batch: bool, expose_errors: bool = False):
         self.method = method
         self.handler = handler
         self.batch = batch
+        self.expose_errors = expose_errors
 
     async def serve(self, payloads: list[bytes]) -> list[tuple]:
         """One result per payload, in order: ``(True, reply)`` or ``(False, code, message)``."""
@@ -75,7 +86,16 @@ class Route:
         if isinstance(result, RemoteError):
             return (False, result.code, result.message)
         if isinstance(result, BaseException):
-            return (False, Code.PANICKED, f"the handler raised {type(result).__name__}: {result}")
+            log.error(
+                "handler of %s/%s raised %s",
+                self.method.service,
+                self.method.name,
+                type(result).__name__,
+                exc_info=result,
+            )
+            if self.expose_errors:
+                return (False, Code.PANICKED, f"the handler raised {type(result).__name__}: {result}")
+            return (False, Code.PANICKED, HANDLER_FAILED)
         try:
             return (True, self.method.reply.encode(result))
         except CodecError as e:
@@ -97,9 +117,12 @@ class Server:
     """Serves the handlers it was given on the addresses it listens on.
 
     ``token``: connections must present it (or one of a list of them) first (§6.11).
+    ``expose_errors``: a handler's unplanned exception is answered with its type and text
+    (for development; by default callers get a generic ``Panicked`` and the log the details).
     """
 
-    def __init__(self, *, token: bytes | str | list | None = None):
+    def __init__(self, *, token: bytes | str | list | None = None, expose_errors: bool = False):
+        self.expose_errors = expose_errors
         tokens = token if isinstance(token, list) else [token] if token is not None else []
         self.tokens = [t.encode() if isinstance(t, str) else t for t in tokens]
         self.routes: dict[tuple[str, str], Route] = {}
@@ -114,11 +137,11 @@ class Server:
 
     def handle(self, method: Method, handler: Handler) -> "Server":
         """Serves ``method`` one request at a time: ``handler(request) -> reply``."""
-        return self._add(Route(method, handler, batch=False))
+        return self._add(Route(method, handler, batch=False, expose_errors=self.expose_errors))
 
     def handle_batch(self, method: Method, handler: Handler) -> "Server":
         """Serves ``method`` a batch at a time: ``handler([request, ...]) -> [result, ...]``."""
-        return self._add(Route(method, handler, batch=True))
+        return self._add(Route(method, handler, batch=True, expose_errors=self.expose_errors))
 
     def _add(self, route: Route) -> "Server":
         key = (route.method.service, route.method.name)
@@ -196,6 +219,27 @@ class Server:
         for listener in self._listeners:
             await listener.wait_closed()
         self._listeners.clear()
+
+    async def serve_forever(self, signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        """Serves until one of ``signals`` arrives (Ctrl-C, a service manager's stop), then
+        shuts down gracefully (``shutdown``) and returns. Call it after ``listen``. Where the
+        loop cannot take signals (not the main thread, Windows), it serves until cancelled,
+        and shuts down then."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        taken = []
+        for sig in signals:
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                taken.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        try:
+            await stop.wait()
+        finally:
+            for sig in taken:
+                loop.remove_signal_handler(sig)
+            await self.shutdown()
 
     async def __aenter__(self) -> "Server":
         return self
