@@ -99,6 +99,12 @@ pub struct ServerConfig {
     /// Pings on idle connections, to find peers that died without closing. Default: a ping
     /// after 30 s without traffic, the connection closed if nothing arrives 20 s after it.
     pub keepalive: Option<Keepalive>,
+    /// Most bytes each of the two rings of a `shm://` connection may hold: the shared memory a
+    /// client may make the server fill is at most twice this per connection (plus a page). A
+    /// client asking for larger rings is refused at the set-up, with this limit in the reason
+    /// (docs/PROTOCOL.md §2.1.1); it is not clamped, since the client sized the mapping.
+    /// A power of two is not required. Default 4 MiB (the client's default ring is 1 MiB).
+    pub shm_max_ring: usize,
     /// Tokens a client must present ([`ClientConfig::token`](crate::ClientConfig)) before any
     /// request is served. Empty (the default): no authentication.
     pub tokens: Vec<Vec<u8>>,
@@ -127,6 +133,7 @@ impl Default for ServerConfig {
             max_handshakes: 1024,
             handshake_timeout: Duration::from_secs(10),
             keepalive: Some(Keepalive::default()),
+            shm_max_ring: 4 << 20,
             tokens: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,
@@ -247,6 +254,13 @@ impl ServerBuilder {
     pub fn handshakes(mut self, max: usize, timeout: Duration) -> Self {
         self.config.max_handshakes = max.max(1);
         self.config.handshake_timeout = timeout;
+        self
+    }
+
+    /// Most bytes each ring of a `shm://` connection may hold; a client asking for more is
+    /// refused. See [`ServerConfig::shm_max_ring`].
+    pub fn shm_max_ring(mut self, bytes: usize) -> Self {
+        self.config.shm_max_ring = bytes;
         self
     }
 
@@ -428,10 +442,11 @@ impl Server {
             inproc::bind(name, self.local())?;
             addr.clone()
         } else {
+            let max_ring = self.shared.config.shm_max_ring;
             #[cfg(feature = "tls")]
-            let (listener, bound) = socket::bind(&addr, self.shared.config.tls.as_ref()).await?;
+            let (listener, bound) = socket::bind(&addr, max_ring, self.shared.config.tls.as_ref()).await?;
             #[cfg(not(feature = "tls"))]
-            let (listener, bound) = socket::bind(&addr).await?;
+            let (listener, bound) = socket::bind(&addr, max_ring).await?;
             self.shared.spawn(accept_loop(self.shared.clone(), listener));
             bound
         };
