@@ -1,6 +1,6 @@
 //! `shm://` across two real processes: this test binary runs itself again as the peer (the
 //! test `peer_process`, told what to be by an environment variable), so the
-//! mapping, the eventfds and the set-up socket really cross a process boundary, and the peer
+//! mapping, the wake-up channels and the set-up socket really cross a process boundary, and the peer
 //! can be killed with `SIGKILL` in the middle of a call.
 #![cfg(target_os = "linux")]
 

@@ -88,7 +88,9 @@ pub struct ClientConfig {
     pub metrics: bool,
     /// Bytes of each of the two rings (one per direction) of a `shm://` connection: a power of
     /// two from 4 KiB to 64 MiB. The memory is shared with the server and held while the
-    /// connection is open. Larger messages stream through. Default 1 MiB.
+    /// connection is open. Larger messages stream through. A server refuses rings larger than
+    /// its own bound (`ServerConfig::shm_max_ring`, default 4 MiB), naming it in the error.
+    /// Default 1 MiB.
     pub shm_ring: usize,
 }
 

@@ -53,6 +53,12 @@ pub struct ServerConfig {
     /// Pings on idle connections, to find peers that died without closing. Default: a ping
     /// after 30 s without traffic, the connection closed if nothing arrives 20 s after it.
     pub keepalive: Option<Keepalive>,
+    /// Most bytes each of the two rings of a `shm://` connection may hold: the shared memory a
+    /// client may make the server fill is at most twice this per connection (plus a page). A
+    /// client asking for larger rings is refused at the set-up, with this limit in the reason
+    /// (docs/PROTOCOL.md §2.1.1); it is not clamped, since the client sized the mapping.
+    /// A power of two is not required. Default 4 MiB (the client's default ring is 1 MiB).
+    pub shm_max_ring: usize,
     /// Tokens a client must present ([`ClientConfig::token`](crate::ClientConfig)) before any
     /// request is served. Empty (the default): no authentication.
     pub tokens: Vec<Vec<u8>>,
@@ -81,6 +87,7 @@ impl Default for ServerConfig {
             max_handshakes: 1024,
             handshake_timeout: Duration::from_secs(10),
             keepalive: Some(Keepalive::default()),
+            shm_max_ring: 4 << 20,
             tokens: Vec::new(),
             #[cfg(feature = "tls")]
             tls: None,

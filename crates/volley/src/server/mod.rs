@@ -165,6 +165,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Most bytes each ring of a `shm://` connection may hold; a client asking for more is
+    /// refused. See [`ServerConfig::shm_max_ring`].
+    pub fn shm_max_ring(mut self, bytes: usize) -> Self {
+        self.config.shm_max_ring = bytes;
+        self
+    }
+
     /// Keepalive pings on idle connections (`None`: off).
     pub fn keepalive(mut self, k: Option<Keepalive>) -> Self {
         self.config.keepalive = k;
@@ -265,10 +272,11 @@ impl Server {
             inproc::bind(name, self.local())?;
             addr.clone()
         } else {
+            let max_ring = self.shared.config.shm_max_ring;
             #[cfg(feature = "tls")]
-            let (listener, bound) = socket::bind(&addr, self.shared.config.tls.as_ref()).await?;
+            let (listener, bound) = socket::bind(&addr, max_ring, self.shared.config.tls.as_ref()).await?;
             #[cfg(not(feature = "tls"))]
-            let (listener, bound) = socket::bind(&addr).await?;
+            let (listener, bound) = socket::bind(&addr, max_ring).await?;
             self.shared.spawn(accept_loop(self.shared.clone(), listener, bound.clone()));
             bound
         };

@@ -190,8 +190,9 @@ pub(crate) enum Listener {
     Tcp(TcpListener),
     #[cfg(feature = "tls")]
     Tls(TcpListener, super::tls::TlsServer),
-    /// The unix socket connections to a `shm://` address are set up over.
-    Shm(UnixListener),
+    /// The unix socket connections to a `shm://` address are set up over, and the most bytes
+    /// each of a connection's rings may hold.
+    Shm(UnixListener, usize),
 }
 
 /// A socket just accepted, before its handshake.
@@ -200,15 +201,16 @@ pub(crate) enum Accepted {
     Tcp(TcpStream),
     #[cfg(feature = "tls")]
     Tls(TcpStream, super::tls::TlsServer),
-    Shm(UnixStream),
+    Shm(UnixStream, usize),
 }
 
 /// Binds a socket address (not `inproc://`); returns the listener and the address it is bound
 /// to (with the real port for `tcp://HOST:0`). `tls` is the server's certificate, which a
-/// `tls://` address needs.
+/// `tls://` address needs; `shm_max_ring` the most bytes a `shm://` client's ring may hold.
 #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
 pub(crate) async fn bind(
     addr: &Address,
+    shm_max_ring: usize,
     #[cfg(feature = "tls")] tls: Option<&super::tls::TlsServer>,
 ) -> Result<(Listener, Address), Error> {
     let fail = |e| Error::io(&format!("listen on {addr}"), e);
@@ -241,7 +243,7 @@ pub(crate) async fn bind(
         Address::Shm(rest) => {
             let path = super::shm::socket_path(rest);
             remove_stale_socket(&path).await;
-            Ok((Listener::Shm(UnixListener::bind(&path).map_err(fail)?), addr.clone()))
+            Ok((Listener::Shm(UnixListener::bind(&path).map_err(fail)?, shm_max_ring), addr.clone()))
         }
         #[cfg(not(target_os = "linux"))]
         Address::Shm(_) => Err(no_shm(addr)),
@@ -256,7 +258,7 @@ impl Listener {
             Listener::Tcp(l) => Ok(Accepted::Tcp(nodelay(l.accept().await?.0)?)),
             #[cfg(feature = "tls")]
             Listener::Tls(l, tls) => Ok(Accepted::Tls(nodelay(l.accept().await?.0)?, tls.clone())),
-            Listener::Shm(l) => Ok(Accepted::Shm(l.accept().await?.0)),
+            Listener::Shm(l, max_ring) => Ok(Accepted::Shm(l.accept().await?.0, *max_ring)),
         }
     }
 }
@@ -274,7 +276,7 @@ impl Accepted {
             Accepted::Tcp(s) => s.peer(),
             #[cfg(feature = "tls")]
             Accepted::Tls(s, _) => s.peer().replacen("tcp://", "tls://", 1),
-            Accepted::Shm(_) => "shm peer".into(),
+            Accepted::Shm(..) => "shm peer".into(),
         }
     }
 
@@ -287,9 +289,9 @@ impl Accepted {
             #[cfg(feature = "tls")]
             Accepted::Tls(s, tls) => Ok(Stream::Tls(tls.accept(s).await?)),
             #[cfg(target_os = "linux")]
-            Accepted::Shm(s) => Ok(Stream::Shm(super::shm::accept(s).await?)),
+            Accepted::Shm(s, max_ring) => Ok(Stream::Shm(super::shm::accept(s, max_ring).await?)),
             #[cfg(not(target_os = "linux"))]
-            Accepted::Shm(_) => unreachable!("shm:// is bound on Linux only"),
+            Accepted::Shm(..) => unreachable!("shm:// is bound on Linux only"),
         }
     }
 }

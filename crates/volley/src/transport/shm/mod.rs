@@ -5,14 +5,18 @@
 //! (docs/PROTOCOL.md) through two single-producer single-consumer byte rings in a memory file
 //! that the client creates and passes to the server with `SCM_RIGHTS`. The frame decoder, the
 //! outbox's bundling and the reader's batching see a byte stream, as on a socket; under load a
-//! bundle crosses without any syscall, because a side is woken (through an eventfd) only when
-//! it said it sleeps. The unix socket stays open and silent: when the peer exits or is killed
+//! bundle crosses without any syscall, because a side is woken (through a wake-up channel, a
+//! unix socket pair that is never written to in a way that could block) only when it said it
+//! sleeps. The unix socket stays open and silent: when the peer exits or is killed
 //! it closes, and the connection ends at once.
 //!
 //! - [`layout`]: where the header, control blocks and rings sit in the mapping.
 //! - [`ring`]: one ring's positions and their validation, sans-IO.
 //! - [`spin`]: whether a reader polls before it sleeps.
-//! - [`sys`]: the mapping itself and the eventfds' registration — the only `unsafe` code.
+//! - [`sys`]: the mapping itself and the wake-up channels' registration — the only `unsafe`
+//!   code.
+//! - [`wake`]: the wake-up channels, and why they are sockets (never a blocking call on a file
+//!   the peer shares).
 //! - [`handshake`]: the set-up messages and the passing of file descriptors.
 //! - [`stream`]: the halves a connection reads and writes through.
 
@@ -22,6 +26,7 @@ pub(crate) mod ring;
 mod spin;
 mod stream;
 pub(crate) mod sys;
+mod wake;
 
 use std::path::PathBuf;
 
@@ -69,13 +74,14 @@ pub(crate) async fn connect(rest: &str, ring: usize) -> Result<ShmStream, Error>
         .map_err(|e| Error::io(&format!("set up {addr}"), e))
 }
 
-/// The server's side of the set-up, on a socket just accepted.
-pub(crate) async fn accept(sock: UnixStream) -> std::io::Result<ShmStream> {
+/// The server's side of the set-up, on a socket just accepted; the client's rings may hold at
+/// most `max_ring` bytes each.
+pub(crate) async fn accept(sock: UnixStream, max_ring: usize) -> std::io::Result<ShmStream> {
     let peer = match sock.peer_cred().ok().and_then(|c| c.pid()) {
         Some(pid) => format!("shm peer (pid {pid})"),
         None => "shm peer".to_string(),
     };
-    let set_up = handshake::server(&sock).await?;
+    let set_up = handshake::server(&sock, max_ring).await?;
     ShmStream::new(set_up, sock, Side::Server, peer)
 }
 

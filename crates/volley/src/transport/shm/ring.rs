@@ -15,7 +15,8 @@
 
 use std::io::IoSlice;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use bytes::BytesMut;
 
@@ -57,6 +58,23 @@ pub fn room(cap: u64, write: u64, read_seen: u64, read: u64) -> Result<u64, Prot
     // `write - read_seen <= cap` holds (this side never writes more than the room), and
     // `read` lies between the two.
     Ok(cap - write.wrapping_sub(read))
+}
+
+/// Whether `read`, a consumer position loaded between two loads of the producer's own write
+/// position (`before`, then `after`), can be true: the consumer never reads past what was
+/// written (`read <= after`), and the producer never writes more than a ring ahead of a
+/// position the consumer published (`read >= before - cap`, since `read` was loaded after
+/// `before` and only moves forwards). The producer's side checks it on every read of its
+/// *other* ring, so that a corrupted position is caught even while the producer has nothing to
+/// write.
+pub fn check_read_pos(cap: u64, before: u64, read: u64, after: u64) -> Result<(), ProtocolError> {
+    let low = before.wrapping_sub(cap);
+    if read.wrapping_sub(low) > after.wrapping_sub(low) {
+        return Err(ProtocolError::Ring(
+            "the peer's read position is past the write position or more than a ring behind it",
+        ));
+    }
+    Ok(())
 }
 
 /// Where the `len` bytes from stream position `pos` lie in the data area of a ring of `cap`
@@ -163,19 +181,47 @@ pub struct RingWriter {
     at: RingAt,
     write: u64,
     read_seen: u64,
+    /// Our write position, stored before it is published in the mapping: what the other
+    /// half checks the consumer's position against ([`check_read_pos`]), out of the peer's
+    /// reach.
+    published: Arc<AtomicU64>,
+    /// The consumer's position was found corrupt: it is not read any more.
+    violated: bool,
 }
 
 impl RingWriter {
     pub fn new(at: RingAt) -> RingWriter {
-        RingWriter { at, write: 0, read_seen: 0 }
+        RingWriter::starting_at(at, 0)
     }
 
-    /// Room left now (validating the consumer's published position).
+    /// Room left now (validating the consumer's published position). After a violation the
+    /// room is what the last valid position left (writing into it overwrites nothing the
+    /// consumer may still read), so a last message can still go out; it never grows again.
     pub fn room(&mut self, r: &Region) -> Result<usize, ProtocolError> {
+        if self.violated {
+            return Ok(self.at.cap - self.write.wrapping_sub(self.read_seen) as usize);
+        }
         let read = r.u64_at(self.at.control + READ_POS).load(Ordering::Acquire);
-        let room = room(self.at.cap as u64, self.write, self.read_seen, read)?;
+        let room = room(self.at.cap as u64, self.write, self.read_seen, read).inspect_err(|_| {
+            self.violated = true;
+        })?;
         self.read_seen = read;
         Ok(room as usize)
+    }
+
+    /// Whether the consumer's position was found corrupt (see [`room`](Self::room)).
+    pub fn violated(&self) -> bool {
+        self.violated
+    }
+
+    /// Our write position as published, for [`check_read_pos`] by the other half.
+    pub fn published(&self) -> Arc<AtomicU64> {
+        self.published.clone()
+    }
+
+    /// Where this ring sits.
+    pub fn at(&self) -> RingAt {
+        self.at
     }
 
     /// Copies as much of `bufs` as `room` allows (in order) and publishes it.
@@ -197,6 +243,7 @@ impl RingWriter {
             return Written { n, wake_reader: false };
         }
         self.write = self.write.wrapping_add(n as u64);
+        self.published.store(self.write, Ordering::Release);
         r.u64_at(self.at.control + WRITE_POS).store(self.write, Ordering::Release);
         Written { n, wake_reader: self.take_sleeper(r) }
     }
@@ -219,9 +266,15 @@ impl RingWriter {
         fence(Ordering::SeqCst);
     }
 
-    #[cfg(test)]
+    /// A writer whose stream starts at `pos` (0 on a new connection; tests start elsewhere).
     pub fn starting_at(at: RingAt, pos: u64) -> RingWriter {
-        RingWriter { at, write: pos, read_seen: pos }
+        RingWriter {
+            at,
+            write: pos,
+            read_seen: pos,
+            published: Arc::new(AtomicU64::new(pos)),
+            violated: false,
+        }
     }
 }
 

@@ -172,8 +172,37 @@ fn garbage_in_the_control_words_is_a_typed_error_and_reads_nothing() {
     assert_eq!(r.read(&region, &mut out, 1 << 20).unwrap().n, 100);
     assert_eq!(w.room(&region).unwrap(), 4096, "the writer saw the reader at 100");
     for bad in [99, 101, u64::MAX] {
+        let mut w = RingWriter::starting_at(at, 100);
         region.u64_at(64 + READ_POS).store(bad, Ordering::Relaxed);
+        assert!(!w.violated());
         assert!(matches!(w.room(&region), Err(ProtocolError::Ring(_))), "{bad}");
+        // From then on the position is not trusted: the room is what the last valid one left,
+        // whatever the peer writes there now.
+        assert!(w.violated());
+        region.u64_at(64 + READ_POS).store(100 + 4096, Ordering::Relaxed);
+        assert_eq!(w.room(&region), Ok(4096), "{bad}");
+        w.write(&region, &[IoSlice::new(&[2; 96])], 96);
+        assert_eq!(w.room(&region), Ok(4000), "room only shrinks after a violation");
+    }
+}
+
+#[test]
+fn a_read_position_is_checked_against_the_write_positions_around_its_load() {
+    for cap in CAPS {
+        for before in positions(cap) {
+            for ahead in 0..=cap {
+                let after = before.wrapping_add(ahead);
+                // Anything from a ring behind `before` up to `after` is possible...
+                for d in 0..=cap + ahead {
+                    let read = before.wrapping_sub(cap).wrapping_add(d);
+                    assert_eq!(check_read_pos(cap, before, read, after), Ok(()), "cap {cap} {before} {d}");
+                }
+                // ...and nothing else: past the write position, or more than a ring behind.
+                for bad in [after.wrapping_add(1), before.wrapping_sub(cap + 1), after ^ (1 << 63)] {
+                    assert!(check_read_pos(cap, before, bad, after).is_err(), "cap {cap} {before} {bad}");
+                }
+            }
+        }
     }
 }
 

@@ -1,12 +1,20 @@
 //! A set-up shm connection as a byte stream: the read half drains the receive ring into the
-//! reader's buffer, the write half copies into the send ring; eventfds wake a side that
-//! sleeps, and the unix socket of the set-up tells when the peer is gone.
+//! reader's buffer, the write half copies into the send ring; the wake-up channels
+//! ([`wake`](super::wake)) wake a side that sleeps, and the unix socket of the set-up tells
+//! when the peer is gone.
+//!
+//! The peer may corrupt the mapping at any moment, so each half checks every position it
+//! reads there — the read half also checks the peer's read position of the *send* ring, so
+//! that corruption is found while we have nothing to write — and a violation found by either
+//! half breaks the link for both: the reader reports it as a protocol error at once (the
+//! server answers with a go-away), and the writer sends at most what still fits by the last
+//! valid position, never waiting for room the peer might never give.
 
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
@@ -15,12 +23,14 @@ use parking_lot::Mutex;
 use tokio::io::AsyncWrite;
 use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
+use tokio::sync::Notify;
 
 use super::handshake::SetUp;
 use super::layout::{CONTROL_A, CONTROL_B};
-use super::ring::{RingAt, RingReader, RingWriter};
+use super::ring::{self, RingAt, RingReader, RingWriter};
 use super::spin::Spin;
 use super::sys::{self, Region};
+use super::wake::{self, Drained};
 use crate::proto::ProtocolError;
 use crate::transport::stream::{ByteStream, ReadHalf, WriteHalf};
 
@@ -31,7 +41,8 @@ const READ_CHUNK: usize = 64 * 1024;
 const OPEN: u8 = 0;
 /// The peer closed it: it exited, crashed or closed the connection.
 const GONE: u8 = 1;
-/// The peer wrote on it after the set-up, which the protocol forbids.
+/// The peer broke the protocol (a byte on the set-up socket, a corrupt ring position): see
+/// [`Link::broken`].
 const BROKEN: u8 = 2;
 
 /// Which end of the connection this side is.
@@ -47,12 +58,21 @@ pub(super) struct Link {
     /// The set-up socket: watched for the peer's end.
     control: UnixStream,
     state: AtomicU8,
-    /// Ours, signalled by the peer: bytes in our receive ring, room in our send ring.
+    /// Why the link is [`BROKEN`], once it is.
+    broken: Mutex<Option<&'static str>>,
+    /// Wakes the read half when the write half breaks the link.
+    broke: Notify,
+    /// Our ends of the wake-up channels, signalled by the peer: bytes in our receive ring,
+    /// room in our send ring.
     bytes_ready: AsyncFd<OwnedFd>,
     room_ready: AsyncFd<OwnedFd>,
-    /// The peer's, which we signal.
+    /// The peer's ends, which we signal on.
     peer_bytes_ready: OwnedFd,
     peer_room_ready: OwnedFd,
+    /// The send ring, and our write position in it as the write half publishes it: what the
+    /// read half checks the peer's read position of it against.
+    tx_at: RingAt,
+    tx_published: Arc<AtomicU64>,
 }
 
 /// An established shm connection.
@@ -73,16 +93,21 @@ impl ShmStream {
             Side::Client => (b, a),
             Side::Server => (a, b),
         };
+        let tx = RingWriter::new(tx);
         let link = Link {
             region,
             control,
             state: AtomicU8::new(OPEN),
+            broken: Mutex::new(None),
+            broke: Notify::new(),
             bytes_ready: sys::register(bytes_ready)?,
             room_ready: sys::register(room_ready)?,
             peer_bytes_ready,
             peer_room_ready,
+            tx_at: tx.at(),
+            tx_published: tx.published(),
         };
-        Ok(ShmStream { link: Arc::new(link), rx: RingReader::new(rx), tx: RingWriter::new(tx), peer })
+        Ok(ShmStream { link: Arc::new(link), rx: RingReader::new(rx), tx, peer })
     }
 }
 
@@ -116,13 +141,37 @@ impl Link {
     /// it is a protocol violation.
     fn check_control(&self) {
         let mut byte = [0u8; 1];
-        let now = match self.control.try_read(&mut byte) {
-            Ok(0) => GONE,
-            Ok(_) => BROKEN,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-            Err(_) => GONE,
-        };
-        let _ = self.state.compare_exchange(OPEN, now, Ordering::AcqRel, Ordering::Acquire);
+        match self.control.try_read(&mut byte) {
+            Ok(0) => self.gone(),
+            Ok(_) => self.break_with("the peer wrote on the set-up socket after the set-up"),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => self.gone(),
+        }
+    }
+
+    fn gone(&self) {
+        let _ = self.state.compare_exchange(OPEN, GONE, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Marks the link broken by the peer (the first reason stays) and wakes the read half to
+    /// report it.
+    fn break_with(&self, why: &'static str) {
+        self.broken.lock().get_or_insert(why);
+        let _ = self.state.compare_exchange(OPEN, BROKEN, Ordering::AcqRel, Ordering::Acquire);
+        self.broke.notify_one();
+    }
+
+    /// Checks the peer's read position of our send ring against what we wrote
+    /// ([`ring::check_read_pos`]); a violation breaks the link.
+    fn check_send_ring(&self) {
+        let before = self.tx_published.load(Ordering::Acquire);
+        let read = self.region.u64_at(self.tx_at.control + ring::READ_POS).load(Ordering::Acquire);
+        let after = self.tx_published.load(Ordering::Acquire);
+        if let Err(ProtocolError::Ring(why)) =
+            ring::check_read_pos(self.tx_at.cap as u64, before, read, after)
+        {
+            self.break_with(why);
+        }
     }
 
     /// The error of a connection that is no longer open, if it is not.
@@ -130,24 +179,37 @@ impl Link {
         match self.state() {
             OPEN => None,
             GONE => Some(io::ErrorKind::BrokenPipe.into()),
-            _ => {
-                Some(ring_error(ProtocolError::Ring("the peer wrote on the set-up socket after the set-up")))
-            }
+            _ => Some(self.broken_error()),
         }
     }
 
-    /// Waits for a wake-up from the peer (bytes for us) or for news on the set-up socket.
+    /// The protocol error of a broken link.
+    fn broken_error(&self) -> io::Error {
+        let why = self.broken.lock().unwrap_or("the peer broke the shared-memory protocol");
+        ring_error(ProtocolError::Ring(why))
+    }
+
+    /// Takes the wake-ups waiting on one of our channels; a channel the peer closed means it
+    /// can no longer wake us: as good as gone.
+    fn drain(&self, guard: &mut tokio::io::unix::AsyncFdReadyGuard<'_, OwnedFd>) {
+        match wake::drain(guard.get_inner()) {
+            Drained::Empty => guard.clear_ready(),
+            // Readiness stays: the next wait returns at once and drains the rest.
+            Drained::More => {}
+            Drained::Closed => self.gone(),
+        }
+    }
+
+    /// Waits for a wake-up from the peer (bytes for us), for news on the set-up socket, or for
+    /// the write half to find the link broken.
     async fn wait_bytes(&self) -> io::Result<()> {
         tokio::select! {
-            guard = self.bytes_ready.readable() => {
-                let mut guard = guard?;
-                drain(guard.get_inner());
-                guard.clear_ready();
-            }
+            guard = self.bytes_ready.readable() => self.drain(&mut guard?),
             r = self.control.readable() => {
                 r?;
                 self.check_control();
             }
+            () = self.broke.notified() => {}
         }
         Ok(())
     }
@@ -168,8 +230,7 @@ impl Link {
             }
         }
         let mut guard = ready!(self.room_ready.poll_read_ready(cx))?;
-        drain(guard.get_inner());
-        guard.clear_ready();
+        self.drain(&mut guard);
         Poll::Ready(Ok(()))
     }
 }
@@ -178,20 +239,8 @@ impl Link {
 impl Link {
     /// Wakes the peer's reader as a write would: for tests that change the ring by hand.
     pub(super) fn wake_peer_reader(&self) {
-        signal(&self.peer_bytes_ready);
+        wake::signal(&self.peer_bytes_ready);
     }
-}
-
-/// Signals an eventfd. A failure (the peer passed something that is not an eventfd, or its
-/// counter is saturated) only costs the peer its wake-up.
-fn signal(fd: &OwnedFd) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
-}
-
-/// Resets one of our eventfds after a wake-up.
-fn drain(fd: &OwnedFd) {
-    let mut count = [0u8; 8];
-    let _ = rustix::io::read(fd, &mut count);
 }
 
 /// The read half: the receive ring, read by readiness like a socket.
@@ -211,6 +260,7 @@ impl ShmRead {
     /// Whether a read would return something now: bytes, the end, or an error.
     fn has_news(&self) -> bool {
         let region = &self.link.region;
+        self.link.check_send_ring();
         let st = self.state.lock();
         self.link.state() != OPEN || st.ring.ready(region) != Ok(0) || st.ring.closed(region)
     }
@@ -252,6 +302,11 @@ impl ReadHalf for ShmRead {
 
     fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         let region = &self.link.region;
+        // A broken link is reported before any more bytes: the peer is not to be served on.
+        self.link.check_send_ring();
+        if self.link.state() == BROKEN {
+            return Err(self.link.broken_error());
+        }
         let mut st = self.state.lock();
         let room = buf.capacity() - buf.len();
         let max = if room == 0 { READ_CHUNK } else { room };
@@ -271,7 +326,7 @@ impl ReadHalf for ShmRead {
         }
         st.last_bytes = Instant::now();
         if read.wake_writer {
-            signal(&self.link.peer_room_ready);
+            wake::signal(&self.link.peer_room_ready);
         }
         Ok(read.n)
     }
@@ -302,7 +357,7 @@ impl AsyncWrite for ShmWrite {
                 return Poll::Ready(Ok(n));
             }
             this.ring.announce_wait(&this.link.region);
-            if this.ring.room(&this.link.region).map_err(ring_error)? > 0 {
+            if this.room()? > 0 {
                 continue;
             }
             ready!(this.link.poll_room(cx))?;
@@ -336,27 +391,46 @@ impl WriteHalf for ShmWrite {
 }
 
 impl ShmWrite {
+    /// Room in the ring now. A corrupt read position breaks the link (the read half reports
+    /// it); the room left by the last valid one is still used, so that a go-away can go out,
+    /// but once that is spent the write fails instead of waiting for the peer.
+    fn room(&mut self) -> io::Result<usize> {
+        let room = match self.ring.room(&self.link.region) {
+            Ok(room) => room,
+            Err(ProtocolError::Ring(why)) => {
+                self.link.break_with(why);
+                self.ring.room(&self.link.region).map_err(ring_error)?
+            }
+            Err(e) => return Err(ring_error(e)),
+        };
+        if room == 0 && self.ring.violated() {
+            return Err(self.link.broken_error());
+        }
+        Ok(room)
+    }
+
     /// Copies what fits into the ring and wakes the peer if it sleeps; `None` when the ring
     /// is full.
     fn write_now(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<Option<usize>> {
-        if let Some(e) = self.link.ended() {
-            return Err(e);
+        // A peer that broke the protocol may still be told why (a go-away); one that is gone
+        // reads nothing more.
+        if self.link.state() == GONE {
+            return Err(io::ErrorKind::BrokenPipe.into());
         }
-        let region = &self.link.region;
-        let room = self.ring.room(region).map_err(ring_error)?;
+        let room = self.room()?;
         if room == 0 {
             return Ok(None);
         }
-        let written = self.ring.write(region, bufs, room);
+        let written = self.ring.write(&self.link.region, bufs, room);
         if written.wake_reader {
-            signal(&self.link.peer_bytes_ready);
+            wake::signal(&self.link.peer_bytes_ready);
         }
         Ok(Some(written.n))
     }
 
     fn end(&mut self) {
         if self.ring.close(&self.link.region) {
-            signal(&self.link.peer_bytes_ready);
+            wake::signal(&self.link.peer_bytes_ready);
         }
     }
 }

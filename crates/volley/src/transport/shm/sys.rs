@@ -1,6 +1,6 @@
 //! What the shm transport asks of the OS that Rust cannot check — the only `unsafe` code of
 //! the transport: creating, sealing and mapping the memory file and touching the mapped bytes
-//! ([`Region`]), and registering our eventfds with tokio ([`register`]).
+//! ([`Region`]), and registering our ends of the wake-up channels with tokio ([`register`]).
 //!
 //! The other process may write anything anywhere in the mapping at any moment. So nothing here
 //! hands out a `&[u8]` into it (its bytes could change under a shared reference): bytes cross
@@ -149,7 +149,8 @@ impl Region {
     }
 }
 
-/// Registers an eventfd we own with tokio's event loop, to wait for it to be signalled.
+/// Registers our end of a wake-up channel with tokio's event loop, to wait for it to be
+/// signalled.
 pub fn register(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: the `AsyncFd` takes ownership of the `OwnedFd`, which stays open, and refers to
     // the same file description, until the `AsyncFd` drops it.

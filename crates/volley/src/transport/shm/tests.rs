@@ -15,7 +15,7 @@ use crate::transport::stream::{ByteStream, ReadHalf};
 /// A client and a server stream set up over a socket pair, with rings of `ring` bytes.
 async fn pair(ring: usize) -> (ShmStream, ShmStream) {
     let (a, b) = UnixStream::pair().unwrap();
-    let (c, s) = tokio::join!(handshake::client(&a, ring, "test"), handshake::server(&b));
+    let (c, s) = tokio::join!(handshake::client(&a, ring, "test"), handshake::server(&b, layout::MAX_RING));
     let client = ShmStream::new(c.unwrap(), a, Side::Client, "client".into()).unwrap();
     let server = ShmStream::new(s.unwrap(), b, Side::Server, "server".into()).unwrap();
     (client, server)
@@ -128,7 +128,7 @@ async fn a_write_position_out_of_range_is_a_typed_protocol_error() {
 #[tokio::test]
 async fn a_byte_on_the_set_up_socket_after_the_set_up_is_a_protocol_error() {
     let (a, b) = UnixStream::pair().unwrap();
-    let (c, s) = tokio::join!(handshake::client(&a, 4096, "test"), handshake::server(&b));
+    let (c, s) = tokio::join!(handshake::client(&a, 4096, "test"), handshake::server(&b, layout::MAX_RING));
     let server = ShmStream::new(s.unwrap(), b, Side::Server, "server".into()).unwrap();
     let _client = c.unwrap();
     a.try_write(b"x").unwrap();
