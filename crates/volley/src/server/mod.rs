@@ -288,6 +288,9 @@ impl Server {
     /// Graceful shutdown: stops accepting, lets every request already received finish and its
     /// reply be written, then closes every connection. Returns when all of that is done.
     pub async fn shutdown(&self) {
+        // What outlives the drain (the admin endpoint) stops when this returns, or when a
+        // caller gives up waiting and drops it.
+        let _gone = self.shared.gone.clone().drop_guard();
         self.leave();
         self.shared.closing.store(true, Ordering::Release);
         self.shared.shutdown.cancel();
@@ -302,7 +305,6 @@ impl Server {
         }
         self.shared.host.tasks.close();
         self.shared.host.tasks.wait().await;
-        self.shared.gone.cancel();
     }
 
     /// Stops in the order a deploy needs, each step bounded by `drain`: the server stops being
