@@ -552,11 +552,12 @@ async fn client_honours_go_away() {
     .await;
     assert_eq!(answered.await.unwrap(), Ok(5));
     drop(peer);
-    // The call the server never started fails, and says why the server left.
+    // The call the server never started fails as never run (safe to send again, whatever the
+    // method), and says why the server left.
     let r = tokio::time::timeout(Duration::from_secs(2), unanswered).await.expect("call hung").unwrap();
     match r {
-        Err(Error::Connection(m)) => assert!(m.contains("maintenance"), "{m}"),
-        other => panic!("expected a connection error, got {other:?}"),
+        Err(Error::NotRun(m)) => assert!(m.contains("maintenance"), "{m}"),
+        other => panic!("expected a never-run error, got {other:?}"),
     }
     assert_eq!(client.pending_calls(), 0);
 
