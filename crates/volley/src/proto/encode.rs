@@ -535,6 +535,11 @@ pub struct BatchReplyItems<'a> {
 impl BatchReplyItems<'_> {
     /// Adds a successful item whose reply `write` encodes. If it fails, the item becomes an
     /// error item with code [`Code::Internal`] carrying the encoder's message.
+    ///
+    /// Inline: once per reply item; left to itself the compiler stopped inlining it into the
+    /// batch reply's loop when the files around it moved (`scripts/callcost.py`, tcp-batch:
+    /// 800 instructions per item without the hint, 775 with it, 777 before the move).
+    #[inline]
     pub fn ok<E: std::fmt::Display>(&mut self, write: impl FnOnce(&mut BytesMut) -> Result<(), E>) {
         let at = self.buf.len();
         self.buf.extend_from_slice(&[super::batch::ITEM_OK]);
