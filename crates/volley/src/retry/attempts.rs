@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::budget::Budget;
-use super::p95::P95;
-use super::policy::{Hedge, RetryBudget};
+use super::hedge::{Hedge, P95};
+use super::policy::RetryBudget;
 use crate::balance::{Endpoint, Outstanding, Pick, Pool, Reason, unreachable};
 use crate::client::Client;
 use crate::error::Error;

@@ -4,12 +4,14 @@
 //! - `attempts.rs` — a call's attempts ([`Retrier`](attempts::Retrier): pick, connect, attempt,
 //!   retry or hedge, learn);
 //! - `budget.rs` — the token bucket that bounds retries and hedges;
-//! - `p95.rs` — the latency a hedge waits for; `policy.rs` — [`RetryBudget`], [`Hedge`].
+//! - `hedge.rs` — hedged requests: [`Hedge`], and the p95 latency a hedge waits for;
+//! - `policy.rs` — [`RetryBudget`].
 
 mod attempts;
 mod budget;
-mod p95;
+mod hedge;
 mod policy;
 
 pub(crate) use attempts::{Plan, Retrier, RetryConfig};
-pub use policy::{Hedge, RetryBudget};
+pub use hedge::Hedge;
+pub use policy::RetryBudget;

@@ -1,8 +1,5 @@
-//! The retry settings of a [`ServiceClient`](crate::ServiceClient), each off unless set in its
-//! [`ServiceConfig`](crate::service_client::ServiceConfig): retries under a budget, and hedged
-//! requests.
-
-use std::time::Duration;
+//! The retry budget of a [`ServiceClient`](crate::ServiceClient), off unless set in its
+//! [`ServiceConfig`](crate::service_client::ServiceConfig).
 
 /// Retries of failed idempotent calls, limited so that they cannot multiply the load on a
 /// service that is failing: extra attempts (retries and hedges) may be at most `ratio` of the
@@ -37,29 +34,5 @@ pub struct RetryBudget {
 impl Default for RetryBudget {
     fn default() -> Self {
         RetryBudget { ratio: 0.1, min_per_second: 10 }
-    }
-}
-
-/// Hedged (backup) requests: when an idempotent call has no reply after a delay, the same
-/// request goes to a second instance and the first reply wins; the other call is dropped,
-/// which sends `Cancel` so its server stops working on it. A reply that is an error the
-/// [retry budget](RetryBudget) would retry does not win: the other call is awaited.
-///
-/// Hedges are extra attempts: each takes a token from the retry budget (the configured one,
-/// or a default [`RetryBudget`] if none is set), so hedging cannot double the load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Hedge {
-    /// Hedge after a fixed delay.
-    After(Duration),
-    /// Hedge after the 95th percentile of the service's latency as this client sees it
-    /// (recomputed each second from its calls); `initial` until 20 calls were seen.
-    P95 { initial: Duration },
-}
-
-impl Hedge {
-    /// A hedge after the observed 95th percentile, `initial` until it is known.
-    pub fn p95(initial: Duration) -> Hedge {
-        Hedge::P95 { initial }
     }
 }

@@ -1,5 +1,6 @@
-//! The 95th percentile of a service's latency as a caller sees it, for hedging after the usual
-//! latency rather than a fixed delay.
+//! Hedged requests: their setting ([`Hedge`]), and the 95th percentile of a service's latency
+//! as a caller sees it, for hedging after the usual latency rather than a fixed delay. The
+//! hedged attempt itself is one of a call's attempts (`attempts.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -8,6 +9,30 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::metrics::histogram::{Histogram, Shape, Snapshot};
+
+/// Hedged (backup) requests: when an idempotent call has no reply after a delay, the same
+/// request goes to a second instance and the first reply wins; the other call is dropped,
+/// which sends `Cancel` so its server stops working on it. A reply that is an error the
+/// [retry budget](RetryBudget) would retry does not win: the other call is awaited.
+///
+/// Hedges are extra attempts: each takes a token from the retry budget (the configured one,
+/// or a default [`RetryBudget`] if none is set), so hedging cannot double the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Hedge {
+    /// Hedge after a fixed delay.
+    After(Duration),
+    /// Hedge after the 95th percentile of the service's latency as this client sees it
+    /// (recomputed each second from its calls); `initial` until 20 calls were seen.
+    P95 { initial: Duration },
+}
+
+impl Hedge {
+    /// A hedge after the observed 95th percentile, `initial` until it is known.
+    pub fn p95(initial: Duration) -> Hedge {
+        Hedge::P95 { initial }
+    }
+}
 
 /// The 95th percentile of a service's call latency over the last window, recomputed at most
 /// once a window from a lock-free histogram that every call records into.
