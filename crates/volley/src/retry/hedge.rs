@@ -13,10 +13,10 @@ use crate::metrics::histogram::{Histogram, Shape, Snapshot};
 /// Hedged (backup) requests: when an idempotent call has no reply after a delay, the same
 /// request goes to a second instance and the first reply wins; the other call is dropped,
 /// which sends `Cancel` so its server stops working on it. A reply that is an error the
-/// [retry budget](RetryBudget) would retry does not win: the other call is awaited.
+/// [retry budget](super::RetryBudget) would retry does not win: the other call is awaited.
 ///
 /// Hedges are extra attempts: each takes a token from the retry budget (the configured one,
-/// or a default [`RetryBudget`] if none is set), so hedging cannot double the load.
+/// or a default [`RetryBudget`](super::RetryBudget) if none is set), so hedging cannot double the load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Hedge {

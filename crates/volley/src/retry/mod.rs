@@ -1,7 +1,7 @@
 //! When a call goes out again: the attempts of one call through a pool of instances (failover,
 //! retries under a budget, hedged requests), and the settings users give them.
 //!
-//! - `attempts.rs` — a call's attempts ([`Retrier`](attempts::Retrier): pick, connect, attempt,
+//! - `attempts.rs` — a call's attempts (`Retrier`: pick, connect, attempt,
 //!   retry or hedge, learn);
 //! - `budget.rs` — the token bucket that bounds retries and hedges;
 //! - `hedge.rs` — hedged requests: [`Hedge`], and the p95 latency a hedge waits for;
