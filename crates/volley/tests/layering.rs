@@ -225,20 +225,21 @@ fn defines(code: &str, name: &str) -> bool {
 
 /// Whether `name` occurs in `code` by itself, not at the end of a path.
 fn used_bare(code: &str, name: &str) -> bool {
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    code.match_indices(name).any(|(at, _)| {
-        let before = &code[..at];
-        !before.ends_with(|c: char| ident(c) || c == ':' || c == '.')
-            && !before.ends_with("fn ")
-            && !code[at + name.len()..].starts_with(ident)
-    })
+    occurs(code, name, |before| !before.ends_with([':', '.']) && !before.ends_with("fn "))
 }
 
 /// Whether `word` occurs in `code` with no identifier character right before or after it.
 fn has_word(code: &str, word: &str) -> bool {
+    occurs(code, word, |_| true)
+}
+
+/// Whether `word` occurs in `code` as a whole word whose preceding text `before_ok` accepts.
+fn occurs(code: &str, word: &str, before_ok: impl Fn(&str) -> bool) -> bool {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    code.match_indices(word)
-        .any(|(at, _)| !code[..at].ends_with(ident) && !code[at + word.len()..].starts_with(ident))
+    code.match_indices(word).any(|(at, _)| {
+        let before = &code[..at];
+        !before.ends_with(ident) && before_ok(before) && !code[at + word.len()..].starts_with(ident)
+    })
 }
 
 fn graph_of(files: BTreeMap<String, String>, root: &str) -> Graph {
