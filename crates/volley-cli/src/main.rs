@@ -5,6 +5,7 @@ mod bench;
 mod conformance;
 mod controller;
 mod echo;
+mod health;
 mod output;
 mod overload_bench;
 mod refusal;
@@ -117,6 +118,11 @@ enum Command {
         #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Whether servers take new calls (`volley.health`): one server (`--connect ADDR
+    /// [SERVICE]`) or every instance of a service (`--registry R SERVICE`), once or with
+    /// `--watch` as it changes. Exits 0 when all serve, 1 when one does not or is draining, 2
+    /// when one could not be asked.
+    Health(health::HealthArgs),
     /// A process's methods from its admin endpoint (`--admin` of serve-echo, controller):
     /// calls/s, errors/s, p50/p99/p99.9 and batch sizes over the last seconds, redrawn every
     /// second until Ctrl-C.
@@ -190,7 +196,11 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(terminal::stderr_colour())
         .init();
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if let Command::Health(args) = command {
+        return health::run(args);
+    }
+    let result = match command {
         Command::ServeEcho { listen, registry, name, advertise, listen_local, admin, grace, security } => {
             let listen = echo::Listen { address: listen, advertise, local: listen_local };
             match Duration::try_from_secs_f64(grace) {
@@ -217,6 +227,7 @@ fn main() -> std::process::ExitCode {
         Command::Testbed(args) => testbed::run(args).map_err(|e| e.to_string()),
         Command::Conformance(args) => conformance::run(args),
         Command::TestbedRole(args) => testbed::role(args).map_err(|e| e.to_string()),
+        Command::Health(_) => unreachable!("answered above"),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

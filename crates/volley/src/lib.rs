@@ -57,6 +57,7 @@ mod context;
 pub mod controller;
 pub mod discovery;
 mod error;
+pub mod health;
 mod liveness;
 mod method;
 mod metrics;

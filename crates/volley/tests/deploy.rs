@@ -222,3 +222,86 @@ async fn get(admin: std::net::SocketAddr, path: &str) -> (u16, String) {
     let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     (status, body)
 }
+
+#[tokio::test]
+async fn volley_health_answers_per_service_and_a_watch_sees_the_drain() {
+    use volley::health::{CHECK, HealthRequest, HealthWatch, Serving, WATCH};
+    let server = Server::builder().handle_fn(&SAY, |s: String| Ok(s)).build();
+    let bound = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    assert_eq!(server.services(), ["deploy"], "volley.health is not one the server offers");
+    let client = Client::connect(&bound).await.unwrap();
+    let check = async |service: &str| client.call(&CHECK, HealthRequest::service(service)).await;
+    assert_eq!(check("").await.unwrap().status, Serving::Serving);
+    assert_eq!(check("deploy").await.unwrap().status, Serving::Serving);
+    let err = check("nothing").await.unwrap_err();
+    assert!(matches!(&err, Error::Remote(s) if s.code == Code::UnknownService), "{err:?}");
+
+    server.set_serving("deploy", false, "its database is down");
+    let h = check("deploy").await.unwrap();
+    assert_eq!((h.status, h.reason.as_str()), (Serving::NotServing, "its database is down"));
+    assert_eq!(check("").await.unwrap().status, Serving::Serving, "the server as a whole serves");
+
+    // A watch from the status the caller knows: held until it changes.
+    let watch = |last| HealthWatch { service: "deploy".into(), last: Some(last), timeout_ms: 60_000 };
+    let held = {
+        let client = client.clone();
+        let req = watch(Serving::NotServing);
+        tokio::spawn(async move { client.call(&WATCH, req).await })
+    };
+    server.set_serving("deploy", true, "");
+    assert_eq!(held.await.unwrap().unwrap().status, Serving::Serving);
+
+    // A drain answers a held watch at once, and the drain does not wait for the watch.
+    let held = {
+        let client = client.clone();
+        let req = watch(Serving::Serving);
+        tokio::spawn(async move { client.call(&WATCH, req).await })
+    };
+    let stopping = {
+        let server = server.clone();
+        tokio::spawn(
+            async move { server.stop_gracefully(Drain::default().grace(Duration::from_secs(30))).await },
+        )
+    };
+    let h = held.await.unwrap().unwrap();
+    assert_eq!(h.status, Serving::Draining);
+    assert_eq!(check("deploy").await.unwrap().status, Serving::Draining);
+    assert_eq!(server.health("").unwrap().status, Serving::Draining);
+    stopping.abort();
+    assert!(server.shutdown_within(Duration::from_secs(30)).await, "no health watch holds the stop");
+}
+
+#[tokio::test]
+async fn a_server_whose_lease_is_not_confirmed_is_not_ready_until_it_registers_again() {
+    use volley::controller::Controller;
+    let first = Controller::new(Default::default());
+    let reg_addr = first.listen("inproc://deploy-lease-ready").await.unwrap().to_string();
+    let server = Server::builder().handle_fn(&SAY, |s: String| Ok(s)).admin("127.0.0.1:0").build();
+    server.listen("tcp://127.0.0.1:0").await.unwrap();
+    let registry = Registry::connect(&reg_addr).await.unwrap();
+    let spec = vec![InstanceSpec::new("deploy", server.addresses()[0].to_string())];
+    let lease = LeaseConfig::default().ttl(Duration::from_millis(400));
+    let registration = registry.register(&server, spec, lease).await.unwrap();
+    let admin = server.admin_address().unwrap();
+    assert!(server.is_ready());
+
+    // The controller goes away: once the lease's time has passed unconfirmed, callers
+    // resolving the service cannot find this server, so it is not ready.
+    first.shutdown().await;
+    let unready = eventually(Duration::from_secs(20), async || !server.is_ready()).await;
+    assert!(unready, "not ready once its lease is not confirmed");
+    let (status, body) = get(admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("lease"), "{body}");
+    assert_eq!(server.health("deploy").unwrap().status, volley::health::Serving::NotServing);
+    assert_eq!(get(admin, "/healthz").await.0, 200, "alive all along");
+
+    // A controller again at the same address: the instances are registered again.
+    let second = Controller::new(Default::default());
+    second.listen("inproc://deploy-lease-ready").await.unwrap();
+    let ready = eventually(Duration::from_secs(20), async || server.is_ready()).await;
+    assert!(ready, "ready again: {:?}", server.not_ready_because());
+    assert!(registration.registrations() >= 2);
+    server.shutdown().await;
+    second.shutdown().await;
+}

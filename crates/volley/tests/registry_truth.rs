@@ -209,6 +209,55 @@ async fn an_ejected_instance_is_probed_and_back_in_rotation_once_it_answers() {
     c.shutdown().await;
 }
 
+/// An ejected instance whose probe is answered "not serving" (`volley.health`) stays out: it
+/// is back in rotation only once it says it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ejected_instance_that_says_it_is_not_serving_stays_out_until_it_serves() {
+    let (c, reg) = controller(&unix_address("probe-health-reg"), quick()).await;
+    let registry = Registry::connect(&reg).await.unwrap();
+    let live = instance("live");
+    let live_addr = live.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    registry
+        .register(&live, vec![InstanceSpec::new(SERVICE, live_addr)], LeaseConfig::default())
+        .await
+        .unwrap();
+    let late_addr = unix_address("late-unhealthy");
+    let raw = Client::connect(&reg).await.unwrap();
+    let req = RegisterRequest {
+        lease: 0,
+        ttl_ms: 120_000,
+        instances: vec![InstanceSpec::new(SERVICE, &late_addr)],
+        credential: String::new(),
+    };
+    raw.call(&REGISTER, req).await.unwrap();
+    let config = ServiceConfig::default().quarantine(Duration::from_millis(100));
+    let client = ServiceClient::connect_with(&reg, config).await.unwrap();
+    wait_for(Duration::from_secs(10), "the dead instance to be ejected", async || {
+        assert_eq!(client.call(&WHO, 0).await.unwrap(), "live");
+        client.stats().instances_dropped == 1
+    })
+    .await;
+    let late = instance("late");
+    late.set_serving(SERVICE, false, "warming its cache");
+    late.listen(&late_addr).await.unwrap();
+    wait_for(Duration::from_secs(20), "two probes to reach the instance", async || {
+        let _ = client.call(&WHO, 0).await;
+        late.counters().messages_received >= 2
+    })
+    .await;
+    for i in 0..200 {
+        assert_eq!(client.call(&WHO, 0).await.unwrap(), "live", "call {i} went to an instance not serving");
+    }
+    late.set_serving(SERVICE, true, "");
+    wait_for(Duration::from_secs(20), "calls to reach the instance once it serves", async || {
+        client.call(&WHO, 0).await.unwrap() == "late"
+    })
+    .await;
+    late.shutdown().await;
+    live.shutdown().await;
+    c.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Client ids tied to their connection
 // ---------------------------------------------------------------------------------------------

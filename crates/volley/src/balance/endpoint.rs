@@ -8,13 +8,12 @@ use super::peak_ewma::PeakEwma;
 use super::stats::PoolStats;
 use crate::client::{CallOptions, Client, ClientConfig};
 use crate::discovery::Instance;
-use crate::error::Error;
+use crate::error::{Error, Status};
+use crate::health::{self, HealthRequest, Serving};
 use crate::metrics::stats::Snapshot;
+use crate::proto::Code;
 use crate::transport::Address;
 use arc_swap::{ArcSwap, ArcSwapOption};
-
-/// The service a probe asks for: no server offers it.
-const PROBE_SERVICE: &str = "volley.probe";
 
 /// One instance and the connection to it (made on first use).
 pub(crate) struct Endpoint {
@@ -129,14 +128,21 @@ impl Endpoint {
         c.as_deref().filter(|c| c.is_connected()).map(|c| c.address().to_string())
     }
 
-    /// A round trip to the instance within the connect timeout: a request for a service no
-    /// server offers, which every live server refuses at once. Connecting is not enough: the
-    /// kernel of a frozen process still accepts connections.
-    pub async fn probe(&self, config: &ClientConfig) -> Result<(), Error> {
+    /// A round trip to the instance within the connect timeout, asking whether it serves
+    /// `service` (`volley.health`). Connecting is not enough: the kernel of a frozen process
+    /// still accepts connections. An instance that answers it is draining or not serving
+    /// stays out; one that refuses the question (a server without the health service) passes:
+    /// it read and answered.
+    pub async fn probe(&self, service: &str, config: &ClientConfig) -> Result<(), Error> {
         let client = self.connect(config).await?;
         let opts = CallOptions::default().timeout(config.connect_timeout);
-        match client.call_raw(PROBE_SERVICE, "ping", bytes::Bytes::new(), opts).await {
-            Ok(_) | Err(Error::Remote(_)) => Ok(()),
+        match client.call_with(&health::CHECK, HealthRequest::service(service), opts).await {
+            Ok(h) if h.status == Serving::Serving => Ok(()),
+            Ok(h) => Err(Error::Remote(Status::new(
+                Code::Application,
+                format!("the instance says it is {}: {}", h.status, h.reason),
+            ))),
+            Err(Error::Remote(_)) => Ok(()),
             Err(e) => Err(e),
         }
     }

@@ -361,8 +361,9 @@ impl Pool {
         for address in due {
             let Some(ep) = by_address.get(address.as_str()).map(|&e| e.clone()) else { continue };
             let (pool, config) = (self.me.clone(), self.config.client.clone());
+            let service = self.service.clone();
             tokio::spawn(async move {
-                let answered = ep.probe(&config).await;
+                let answered = ep.probe(&service, &config).await;
                 let Some(pool) = pool.upgrade() else { return };
                 if answered.is_ok() {
                     ep.failures.store(0, Relaxed);

@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::connection::Registry;
 use crate::discovery::wire::{InstanceSpec, RegisterRequest, Registered};
 use crate::error::Error;
-use crate::server::Server;
+use crate::server::{LeaseHealth, Server};
 use crate::transport::Address;
 
 /// Lease settings of a registration.
@@ -124,7 +125,14 @@ impl Registry {
             stop: CancellationToken::new(),
             done: CancellationToken::new(),
         });
-        let keeper = keep_alive(self.clone(), shared.clone(), instances, lease, server.leaving_token());
+        let keeper = keep_alive(
+            self.clone(),
+            shared.clone(),
+            instances,
+            lease,
+            server.leaving_token(),
+            server.lease_health(),
+        );
         server.spawn_departure(keeper);
         Ok(Registration { shared })
     }
@@ -178,8 +186,10 @@ async fn keep_alive(
     instances: Vec<InstanceSpec>,
     lease: LeaseConfig,
     server_leaving: CancellationToken,
+    health: LeaseHealth,
 ) {
     let mut wait = lease.renew_interval();
+    let mut confirmed = Instant::now();
     // Whether the last exchange reached the controller: then a lost connection means it went
     // away, and the keeper renews as soon as one can be made again (a restarted controller
     // has forgotten the lease: the renewal says so and the instances are registered at once).
@@ -194,7 +204,21 @@ async fn keep_alive(
             }
             _ = tokio::time::sleep(wait) => {}
         }
-        (wait, reached) = renew_or_register(&registry, &shared, &instances, &lease).await;
+        let held;
+        (wait, reached, held) = renew_or_register(&registry, &shared, &instances, &lease).await;
+        if held {
+            confirmed = Instant::now();
+            health.held();
+        } else if confirmed.elapsed() >= lease.ttl {
+            // The registry has dropped the instances by now (or cannot be asked): callers
+            // resolving the service do not find this server, so it is not ready.
+            health.not_held(format!(
+                "the registry has not confirmed lease {} for {:?} (its time is {:?})",
+                shared.lease.load(Relaxed),
+                confirmed.elapsed(),
+                lease.ttl
+            ));
+        }
     }
     // Deregister at once: clients learn of it through their watches while this server is still
     // answering what it already received.
@@ -207,13 +231,14 @@ async fn keep_alive(
 }
 
 /// One renewal — and a registration, if the controller does not hold the lease whole any
-/// more. Returns how long until the next try, and whether the controller answered.
+/// more. Returns how long until the next try, whether the controller answered, and whether the
+/// lease is held now.
 async fn renew_or_register(
     registry: &Registry,
     shared: &Shared,
     instances: &[InstanceSpec],
     lease: &LeaseConfig,
-) -> (Duration, bool) {
+) -> (Duration, bool, bool) {
     let (renew_every, retry_every) = (lease.renew_interval(), lease.retry_interval());
     // A controller that cannot be reached is tried again when the registry's reconnect pacing
     // allows (a quarter of a second at most), not a tenth of the lease time later.
@@ -227,7 +252,7 @@ async fn renew_or_register(
     match registry.renew(id, renew_every).await {
         Ok(r) if r.known => {
             shared.renewals.fetch_add(1, Relaxed);
-            (renew_every, true)
+            (renew_every, true, true)
         }
         Ok(_) => match register_once(registry, instances, lease, renew_every).await {
             Ok(r) => {
@@ -239,16 +264,16 @@ async fn renew_or_register(
                 shared.lease.store(r.lease, Relaxed);
                 *shared.instance_ids.lock() = r.instance_ids;
                 shared.registrations.fetch_add(1, Relaxed);
-                (renew_every, true)
+                (renew_every, true, true)
             }
             Err(e) => {
                 log_failure("registering again", &e);
-                (retry(&e), !matches!(e, Error::Connection(_) | Error::NotRun(_)))
+                (retry(&e), !matches!(e, Error::Connection(_) | Error::NotRun(_)), false)
             }
         },
         Err(e) => {
             log_failure("renewing the lease", &e);
-            (retry(&e), !matches!(e, Error::Connection(_) | Error::NotRun(_)))
+            (retry(&e), !matches!(e, Error::Connection(_) | Error::NotRun(_)), false)
         }
     }
 }

@@ -18,6 +18,7 @@ mod conn;
 mod dispatch;
 mod drain;
 mod handler;
+mod health;
 mod host;
 mod identity;
 mod limit;
@@ -60,6 +61,7 @@ pub use crate::metrics::ConnectionCounts;
 pub use batch::BatchResult;
 pub use config::ServerConfig;
 pub use drain::{Drain, StopSignal, shutdown_signal};
+pub(crate) use health::LeaseHealth;
 pub use limit::ConcurrencyLimit;
 pub use peer::current_peer;
 pub(crate) use peer::{ConnectionScope, current_connection};
@@ -206,7 +208,9 @@ impl ServerBuilder {
         self
     }
 
-    pub fn build(self) -> Server {
+    pub fn build(mut self) -> Server {
+        let health = Arc::new(health::Health::new(self.router.service_names().map(str::to_string).collect()));
+        self = self.serve_health(&health);
         let host = Arc::new(Host::new(self.config.max_batch));
         for route in self.router.routes() {
             route.handler.attach(Arc::downgrade(&host), self.config.metrics.then(|| route.metrics.clone()));
@@ -220,10 +224,9 @@ impl ServerBuilder {
             counters: Counters::default(),
             shutdown: CancellationToken::new(),
             closing: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
+            health,
             leaving: CancellationToken::new(),
             departures: tokio_util::task::TaskTracker::new(),
-            failed_listeners: Mutex::new(Vec::new()),
             gone: CancellationToken::new(),
             abort: CancellationToken::new(),
             admission: Arc::default(),
@@ -234,6 +237,16 @@ impl ServerBuilder {
             observe: Observe::default(),
         });
         Server { shared }
+    }
+
+    /// The `volley.health` service (unless the user registered one of their own).
+    fn serve_health(self, health: &Arc<health::Health>) -> Self {
+        if self.router.has_service(crate::health::SERVICE) {
+            return self;
+        }
+        let (check, watch) = (health.clone(), health.clone());
+        self.handle_fn(&crate::health::CHECK, move |req| check.check(req))
+            .handle(&crate::health::WATCH, move |req| watch.clone().watch(req))
     }
 
     fn route<Req: Wire, Resp: Wire>(mut self, m: &Method<Req, Resp>, h: TypedHandler<Req, Resp>) -> Self {
@@ -345,21 +358,39 @@ impl Server {
 
     /// The start of every way out: not ready any more, and the registrations revoke.
     fn leave(&self) {
-        self.shared.draining.store(true, Ordering::Release);
+        self.shared.health.start_draining();
         self.shared.leaving.cancel();
     }
 
     /// Whether the server takes new callers: it is not leaving, and every listener it opened
     /// still accepts (what `/readyz` answers).
     pub fn is_ready(&self) -> bool {
-        !self.shared.draining.load(Ordering::Acquire) && self.shared.failed_listeners.lock().is_empty()
+        self.shared.health.ready().is_ok()
+    }
+
+    /// Why the server does not take new callers (`None` when it does): what `/readyz` says.
+    pub fn not_ready_because(&self) -> Option<String> {
+        self.shared.health.ready().err()
+    }
+
+    /// Marks `service` as taking new calls or not (`volley.health` answers `not_serving`, with
+    /// `reason`), for what the server knows and the registry does not: a database it needs is
+    /// down, a cache still warming. The server still answers calls it gets; callers that ask
+    /// (a `ServiceClient` probing an instance it left out, an orchestrator) keep away.
+    pub fn set_serving(&self, service: &str, serving: bool, reason: &str) {
+        self.shared.health.set_serving(service, (!serving).then(|| reason.to_string()));
+    }
+
+    /// What `volley.health` answers for `service` now (empty: the server as a whole).
+    pub fn health(&self, service: &str) -> Result<crate::health::Health, Status> {
+        self.shared.health.status(service)
     }
 
     /// The listeners that failed for good (their socket closed under them, or the kernel
     /// refused it for good), with the error each ended with. Each stopped accepting; if none is
     /// left, the server left the registry.
     pub fn failed_listeners(&self) -> Vec<(Address, String)> {
-        self.shared.failed_listeners.lock().clone()
+        self.shared.health.failed_listeners()
     }
 
     /// Like [`shutdown`](Self::shutdown), giving up waiting after `deadline` (the drain goes on
@@ -417,7 +448,14 @@ impl Server {
 
     /// The names of the services this server has handlers for, sorted.
     pub fn services(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.shared.router.service_names().map(str::to_string).collect();
+        // `volley.health` is every server's, not one it offers.
+        let mut names: Vec<String> = self
+            .shared
+            .router
+            .service_names()
+            .filter(|s| *s != crate::health::SERVICE)
+            .map(str::to_string)
+            .collect();
         names.sort();
         names
     }
@@ -431,6 +469,11 @@ impl Server {
     fn local(&self) -> Weak<dyn LocalServer> {
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         weak
+    }
+
+    /// A registration's say in the server's readiness (whether its lease is held).
+    pub(crate) fn lease_health(&self) -> LeaseHealth {
+        LeaseHealth::new(self.shared.health.clone())
     }
 
     /// Cancelled when the server starts to leave (a graceful stop, a shutdown, its last
@@ -483,12 +526,12 @@ async fn accept_loop(shared: Arc<Shared>, listener: socket::Listener, address: A
                     let none_left = {
                         let mut bound = shared.bound.lock();
                         bound.retain(|a| *a != address);
-                        shared.failed_listeners.lock().push((address.clone(), e.to_string()));
                         bound.is_empty()
                     };
+                    shared.health.listener_failed(address.clone(), e.to_string());
                     if none_left {
                         // Nothing reaches this server any more: callers must stop picking it.
-                        shared.draining.store(true, Ordering::Release);
+                        shared.health.start_draining();
                         shared.leaving.cancel();
                     }
                     break;

@@ -70,14 +70,7 @@ impl crate::admin::Source for Source {
     }
 
     fn ready(&self) -> Option<Result<(), String>> {
-        let shared = self.0.upgrade()?;
-        if let Some((address, error)) = shared.failed_listeners.lock().first() {
-            return Some(Err(format!("the listener on {address} failed: {error}")));
-        }
-        match shared.draining.load(std::sync::atomic::Ordering::Acquire) {
-            true => Some(Err("the server is stopping".into())),
-            false => Some(Ok(())),
-        }
+        Some(self.0.upgrade()?.health.ready())
     }
 }
 

@@ -43,6 +43,10 @@ impl Router {
         })
     }
 
+    pub fn has_service(&self, service: &str) -> bool {
+        self.services.contains_key(service)
+    }
+
     pub fn service_names(&self) -> impl Iterator<Item = &str> {
         self.services.keys().map(|s| &**s)
     }

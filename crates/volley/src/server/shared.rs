@@ -16,6 +16,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::admission::Admission;
 use super::config::ServerConfig;
+use super::health::Health;
 use super::host::Host;
 use super::limit::Limiter;
 use super::router::Router;
@@ -34,9 +35,9 @@ pub(crate) struct Shared {
     /// takes its lock (~40 instructions, twice per inproc call, a tenth of its cost); this is a
     /// load.
     pub(crate) closing: AtomicBool,
-    /// Set when the server starts to leave (a graceful stop or a shutdown): it is not ready for
-    /// new callers (`/readyz` answers 503).
-    pub(crate) draining: AtomicBool,
+    /// Whether it takes new callers (`/readyz`, `volley.health`): not while it leaves, nor with
+    /// a dead listener or a lease not confirmed.
+    pub(crate) health: Arc<Health>,
     /// Cancelled when the server starts to leave: its registrations revoke their leases first,
     /// so that callers stop picking it while it still serves.
     pub(crate) leaving: CancellationToken,
@@ -46,8 +47,6 @@ pub(crate) struct Shared {
     /// Cancelled once a shutdown has finished: what outlives the drain (the admin endpoint)
     /// stops then.
     pub(crate) gone: CancellationToken,
-    /// Listeners that failed for good (the socket closed under them), with the error.
-    pub(crate) failed_listeners: Mutex<Vec<(Address, String)>>,
     /// Cancelled when a shutdown's drain deadline passes: work still running is dropped and
     /// its connections closed.
     pub(crate) abort: CancellationToken,
