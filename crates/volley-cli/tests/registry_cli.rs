@@ -290,3 +290,60 @@ fn serve_echo_leaves_the_registry_and_exits_0_on_sigterm_and_sigint() {
         assert!(stderr.contains("stopping gracefully") && stderr.contains("stopped"), "{stderr}");
     }
 }
+
+/// `volley health`: every instance a registry lists answers `serving` (exit 0); a watch sees
+/// the instance turn `draining` on SIGTERM, and ends (exit 2) when the instance is gone.
+#[test]
+fn volley_health_asks_through_the_registry_and_a_watch_sees_the_drain() {
+    let (_c, registry, _) = controller(&[]);
+    let name = format!("echo-health-{}", std::process::id());
+    // A long grace: the instance stays draining while the watch is read.
+    let serve = ["serve-echo", "--listen", "tcp://127.0.0.1:0", "--name", &name, "--grace", "60"];
+    let mut echo =
+        Child(volley().args(serve).args(["--registry", &registry]).stderr(Stdio::piped()).spawn().unwrap());
+    let mut first = String::new();
+    let mut echo_err = BufReader::new(echo.0.stderr.take().unwrap());
+    echo_err.read_line(&mut first).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut echo_err, &mut std::io::sink()));
+    let addr = first.split_whitespace().find(|w| w.starts_with("tcp://")).expect(&first).to_string();
+    let t0 = Instant::now();
+    while listed(&registry, &name) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "serve-echo never registered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let out = volley().args(["health", "--registry", &registry, &name]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&addr) && text.contains("serving"), "{text}");
+    let out = volley().args(["health", "--connect", &addr, "no-such-service"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("UnknownService"));
+
+    let mut watch = Child(
+        volley()
+            .args(["health", "--connect", &addr, &name, "--watch", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    let status = |line: String| serde_json::from_str::<serde_json::Value>(&line).unwrap()["status"].clone();
+    assert_eq!(status(lines.next().unwrap().unwrap()), "serving");
+    signal(&echo.0, "TERM");
+    assert_eq!(status(lines.next().unwrap().unwrap()), "draining");
+    let out = volley().args(["health", "--connect", &addr, &name]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "draining is not serving");
+    // A second signal stops the instance at once; the watch's connection ends, and so does it.
+    signal(&echo.0, "INT");
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(s) = watch.0.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the watch did not end with its server");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(2));
+}
