@@ -11,7 +11,7 @@
 See the package's README for batches, codecs, errors and the registry.
 """
 
-from . import blocking
+from . import blocking, health
 from .client import Client, Sequence
 from .codec import (
     BOOL,
@@ -71,6 +71,7 @@ from .service_client import ServiceClient
 
 __all__ = [
     "blocking",
+    "health",
     "ApplicationError",
     "Array",
     "BadRequestError",

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from .address import Address, parse
 from .codec import Method
+from . import health
 from .errors import Code, CodecError, RemoteError, UsageError
 from .outbox import Counters
 from .registry import InstanceSpec, Lease, Registry
@@ -134,6 +135,12 @@ class Server:
         self.closing = False
         # Messages and bytes sent and received on every connection, since the start.
         self.counters = Counters()
+        # The health service every server answers (unless given a volley.health of its own).
+        self.health = health.Health(self.services)
+        self._health_routes = {
+            (health.SERVICE, "check"): Route(health.CHECK, self.health.check, batch=False),
+            (health.SERVICE, "watch"): Route(health.WATCH, self.health.watch, batch=False),
+        }
 
     def handle(self, method: Method, handler: Handler) -> "Server":
         """Serves ``method`` one request at a time: ``handler(request) -> reply``."""
@@ -175,9 +182,20 @@ class Server:
         r = self.routes.get((service, method))
         if r is not None:
             return r
+        if service == health.SERVICE and service not in self.services:
+            r = self._health_routes.get((service, method))
+            if r is not None:
+                return r
+            return (Code.UNKNOWN_METHOD, f'service "{service}" has no method "{method}"')
         if service in self.services:
             return (Code.UNKNOWN_METHOD, f'service "{service}" has no method "{method}"')
         return (Code.UNKNOWN_SERVICE, f'no service named "{service}"')
+
+    def set_serving(self, service: str, serving: bool, reason: str = "") -> None:
+        """Marks ``service`` as taking new calls or not (``volley.health`` answers
+        ``not_serving`` with ``reason``): what only the server knows, such as a database it
+        needs being down. It still answers the calls it gets."""
+        self.health.set_serving(service, serving, reason)
 
     async def register(
         self, registry: str, *, ttl: float = 10.0, advertise: str | None = None, **options: Any
@@ -201,6 +219,7 @@ class Server:
         """Graceful shutdown (§9.6.2): deregisters, stops accepting, answers every request
         already read, then sends ``GoAway(ShuttingDown)`` and closes each connection."""
         self.closing = True
+        self.health.start_draining()
         for reg, lease in self._leases:
             try:
                 await lease.deregister()
