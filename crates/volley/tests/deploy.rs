@@ -305,3 +305,63 @@ async fn a_server_whose_lease_is_not_confirmed_is_not_ready_until_it_registers_a
     server.shutdown().await;
     second.shutdown().await;
 }
+
+/// A connection that fails while requests are still queued in the client behind a write that
+/// cannot finish: those were never written, so they fail as `NotRun` (a `ServiceClient` sends
+/// them elsewhere, idempotent or not). The bundle the write was working on may have reached the
+/// server: its calls fail as connection errors.
+#[tokio::test]
+async fn calls_never_written_before_their_connection_failed_fail_as_never_run() {
+    const BIG: Method<volley::bytes::Bytes, volley::bytes::Bytes> = Method::new("deploy", "big");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("tcp://{}", listener.local_addr().unwrap());
+    let (close, closed) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(&SERVER_PREAMBLE).await.unwrap();
+        // It never reads; closed with unread bytes, the kernel resets the connection.
+        let _ = closed.await;
+        drop(s);
+    });
+    let client = Client::connect(&addr).await.unwrap();
+    let wave = |n: usize| -> Vec<_> {
+        (0..n)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move { client.call(&BIG, vec![7u8; 64 << 10].into()).await })
+            })
+            .collect()
+    };
+    // 300 × 64 KiB: more than the kernel's socket buffers hold, so the write blocks.
+    let first = wave(300);
+    let writing = eventually(Duration::from_secs(30), async || client.counters().bytes_sent >= 1 << 20).await;
+    assert!(writing, "the client started writing");
+    // One runtime thread: after these turns every call has queued its request, and the writer
+    // is blocked on the full socket. The second wave queues behind it.
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    let second = wave(100);
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    close.send(()).unwrap();
+    let mut outcomes = std::collections::BTreeMap::<&str, usize>::new();
+    for call in first {
+        match call.await.unwrap() {
+            Err(Error::NotRun(_)) => *outcomes.entry("first: not run").or_default() += 1,
+            Err(Error::Connection(_)) => *outcomes.entry("first: may have run").or_default() += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    for call in second {
+        match call.await.unwrap() {
+            Err(Error::NotRun(why)) => {
+                assert!(why.contains("never sent"), "{why}");
+                *outcomes.entry("second: not run").or_default() += 1;
+            }
+            other => panic!("a call queued behind the blocked write: {other:?} ({outcomes:?})"),
+        }
+    }
+    assert_eq!(outcomes.values().sum::<usize>(), 400, "every call ended once: {outcomes:?}");
+}

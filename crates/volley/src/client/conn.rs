@@ -51,6 +51,8 @@ pub(crate) struct StreamConn {
     /// Whether calls write bundles early (see `send_and_wait`): only where the writer task
     /// cannot run beside them, on a current-thread runtime.
     early_bundles: bool,
+    /// The frame limits, to read back the requests of frames never sent.
+    limits: Limits,
 }
 
 /// The server's `DeadlineExceeded` for a request that carried this call's budget is this call's
@@ -139,6 +141,7 @@ impl StreamConn {
             preamble_event: Default::default(),
             wants_deadlines: opts.send_deadlines,
             early_bundles: !lifo_runtime(),
+            limits,
         });
         let c = conn.clone();
         tokio::spawn(async move {
@@ -209,7 +212,14 @@ impl StreamConn {
         let _ = self.ended.set(err.clone());
         self.dead.cancel();
         self.alive.store(false, Ordering::Relaxed);
-        self.outbox.close();
+        // What no write was handed yet never left this process: those calls never ran, and a
+        // `ServiceClient` sends them elsewhere whatever their method. What was handed to the
+        // socket may have reached the server: those get `err`.
+        let unsent = self.outbox.close_and_take_unsent();
+        if matches!(err, Error::Connection(_)) {
+            let never_sent = never_sent(err.clone());
+            self.pending.fail_ids(request_ids(unsent, self.limits), &never_sent);
+        }
         self.pending.fail_all(err);
         self.sweeper.wake.notify_one();
     }
@@ -499,7 +509,8 @@ impl StreamConn {
     ) -> Result<Reply, Error> {
         let (tx, rx) = waiter();
         let deadline = coarsetime::Instant::now() + coarsetime::Duration::from(left);
-        let Inserted { id, wake_sweeper } = self.pending.insert(id, tx, deadline, timeout, next_id)?;
+        let Inserted { id, wake_sweeper } =
+            self.pending.insert(id, tx, deadline, timeout, next_id).map_err(never_sent)?;
         if wake_sweeper {
             self.sweeper.wake.notify_one();
         }
@@ -531,8 +542,9 @@ impl StreamConn {
             Err(_closed) => {
                 self.pending.remove(id);
                 let why = self.ended.get().cloned();
-                return Err(why
-                    .unwrap_or_else(|| Error::Connection(format!("connection to {} is closed", self.peer))));
+                return Err(never_sent(why.unwrap_or_else(|| {
+                    Error::Connection(format!("connection to {} is closed", self.peer))
+                })));
             }
         };
         let _bytes = InFlightBytes::add(&self.flow, size);
@@ -670,4 +682,31 @@ mod tests {
         assert!(matches!(&r, Err(Error::Unauthenticated(_))), "{r:?}");
         assert_eq!(conn.pending_len(), 0);
     }
+}
+
+/// A connection's failure, for a call whose request was never written: it never ran.
+fn never_sent(e: Error) -> Error {
+    match e {
+        Error::Connection(why) => Error::NotRun(format!("{why} (the request was never sent)")),
+        other => other,
+    }
+}
+
+/// The ids of the requests in `frames` (whole frames, as an outbox queues them).
+fn request_ids(frames: Vec<bytes::Bytes>, limits: Limits) -> Vec<u64> {
+    let mut buf = bytes::BytesMut::with_capacity(frames.iter().map(bytes::Bytes::len).sum());
+    frames.iter().for_each(|f| buf.extend_from_slice(f));
+    let mut decoder = crate::proto::Decoder::after_preamble(limits);
+    let (mut ids, mut messages) = (Vec::new(), Vec::new());
+    while let Ok(Some(frame)) = decoder.next_frame(&mut buf) {
+        messages.clear();
+        if crate::proto::decode_frame(&frame, &limits, &mut messages).is_err() {
+            break;
+        }
+        ids.extend(messages.iter().filter_map(|m| match m {
+            Message::Request { id, .. } | Message::BatchRequest { id, .. } => Some(*id),
+            _ => None,
+        }));
+    }
+    ids
 }

@@ -170,6 +170,20 @@ impl Pending {
         earliest
     }
 
+    /// Fails the waiters of `ids` (those still waiting) with `err`.
+    pub fn fail_ids(&self, ids: Vec<u64>, err: &Error) {
+        if ids.is_empty() {
+            return;
+        }
+        let entries: Vec<Entry> = {
+            let mut st = self.state.lock();
+            ids.into_iter().filter_map(|id| st.entries.remove(id)).collect()
+        };
+        for e in entries {
+            e.waiter.send(Err(err.clone()));
+        }
+    }
+
     /// Fails every waiter with `err` and refuses new ones.
     pub fn fail_all(&self, err: Error) {
         let entries = {

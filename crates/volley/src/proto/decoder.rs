@@ -30,8 +30,8 @@ impl Decoder {
         Decoder { limits, expect_preamble: true, peer_features: 0 }
     }
 
-    /// A decoder for a stream whose preamble was already checked.
-    #[cfg(any(test, feature = "internals"))]
+    /// A decoder for a stream whose preamble was already checked (or bytes that hold frames
+    /// only).
     pub fn after_preamble(limits: Limits) -> Self {
         Decoder { limits, expect_preamble: false, peer_features: 0 }
     }

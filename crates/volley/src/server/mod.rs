@@ -448,14 +448,7 @@ impl Server {
 
     /// The names of the services this server has handlers for, sorted.
     pub fn services(&self) -> Vec<String> {
-        // `volley.health` is every server's, not one it offers.
-        let mut names: Vec<String> = self
-            .shared
-            .router
-            .service_names()
-            .filter(|s| *s != crate::health::SERVICE)
-            .map(str::to_string)
-            .collect();
+        let mut names: Vec<String> = self.shared.router.service_names().map(str::to_string).collect();
         names.sort();
         names
     }

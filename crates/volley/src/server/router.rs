@@ -47,8 +47,9 @@ impl Router {
         self.services.contains_key(service)
     }
 
+    /// The application's services (not `volley.health`, which every server answers).
     pub fn service_names(&self) -> impl Iterator<Item = &str> {
-        self.services.keys().map(|s| &**s)
+        self.services.keys().map(|s| &**s).filter(|s| *s != crate::health::SERVICE)
     }
 
     pub fn routes(&self) -> impl Iterator<Item = &Route> {

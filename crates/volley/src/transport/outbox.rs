@@ -248,6 +248,22 @@ impl Outbox {
         }
     }
 
+    /// Stops accepting messages, like [`close`](Self::close), and takes the frames queued that
+    /// no write has been handed yet (a direct write's unwritten rest is not among them: part
+    /// of it may have been written). On a failed connection, these never left the process.
+    pub fn close_and_take_unsent(&self) -> Vec<Bytes> {
+        let mut unsent = Vec::new();
+        let mut st = self.state.lock();
+        st.closed = true;
+        st.builder.take_into(&mut unsent);
+        let w = st.writer.take();
+        drop(st);
+        if let Some(w) = w {
+            w.wake();
+        }
+        unsent
+    }
+
     /// Waits until fewer than `limit` bytes are queued (or the outbox is closed).
     pub async fn wait_queued_below(&self, limit: usize) {
         // Nearly every turn finds room: checked before a wake-up is armed (arming and dropping
