@@ -499,7 +499,10 @@ async fn gone_from_list(registry: Registry, address: String, since: Instant) -> 
         {
             return Some(ms(since.elapsed()));
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Finely while a deregistration is due; then (a killed instance, listed until its lease
+        // lapses) coarsely, so as not to load the controller the callers may be relaying through.
+        let pause = if since.elapsed() < Duration::from_millis(500) { 1 } else { 25 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     None
 }
