@@ -1,5 +1,7 @@
 //! The built-in echo service.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use volley::bytes::Bytes;
@@ -7,6 +9,7 @@ use volley::discovery::InstanceSpec;
 use volley::registry::{LeaseConfig, Registry};
 use volley::{ClientConfig, Method, Server, ServerBuilder, Status};
 
+use crate::call_record::CallRecord;
 use crate::refusal;
 
 /// The echo service as a trait: what `volley bench --api generated` serves and calls through
@@ -60,9 +63,26 @@ pub fn server_named(service: &str) -> Server {
 /// An echo server whose service is called `service`, with settings added by `configure`
 /// (TLS, tokens).
 pub fn server_named_with(service: &str, configure: impl FnOnce(ServerBuilder) -> ServerBuilder) -> Server {
+    recording_server(service, None, configure)
+}
+
+/// An echo server whose handler also records the id of every request it runs in `record`
+/// (`serve-echo --record-calls`), if one is given.
+fn recording_server(
+    service: &str,
+    record: Option<Arc<CallRecord>>,
+    configure: impl FnOnce(ServerBuilder) -> ServerBuilder,
+) -> Server {
     let m = method_named(service);
     // Echo never waits: the synchronous form serves a batch in a plain loop.
-    configure(Server::builder().handle_fn(&m, |b: Bytes| Ok(b))).build()
+    let builder = match record {
+        None => Server::builder().handle_fn(&m, |b: Bytes| Ok(b)),
+        Some(r) => Server::builder().handle_fn(&m, move |b: Bytes| {
+            r.ran(&b);
+            Ok(b)
+        }),
+    };
+    configure(builder).build()
 }
 
 /// Security settings of `volley serve-echo`.
@@ -99,6 +119,15 @@ pub struct Listen {
     pub local: Vec<String>,
 }
 
+/// What `volley serve-echo` does besides echoing.
+pub struct Options {
+    pub admin: Option<String>,
+    /// Serve this long after deregistering on a stop signal (`--grace`).
+    pub grace: Duration,
+    /// Record the id of every request run in this file (`--record-calls`).
+    pub record_calls: Option<PathBuf>,
+}
+
 /// `volley serve-echo`: serves until SIGTERM or SIGINT (Ctrl-C), then stops gracefully
 /// (`Server::stop_gracefully`: deregistered first, serving `grace` longer while callers move,
 /// then a go-away and the drain) and exits 0; a second signal stops it at once. A registry that
@@ -108,10 +137,11 @@ pub fn serve(
     listen: &Listen,
     registry: Option<&str>,
     name: &str,
-    admin: Option<String>,
-    grace: Duration,
+    options: Options,
     security: &Security,
 ) -> Result<(), String> {
+    let Options { admin, grace, record_calls } = options;
+    let record = record_calls.as_deref().map(CallRecord::create).transpose()?.map(Arc::new);
     if !listen.local.is_empty() && registry.is_some() && volley::discovery::host_id().is_none() {
         return Err(format!(
             "--listen-local: this host's id is unknown, so no client could tell it shares the host; set {}",
@@ -129,7 +159,7 @@ pub fn serve(
     let token = security.token.clone();
     let credential = security.registration_credential.clone();
     rt.block_on(async {
-        let server = server_named_with(name, |mut b| {
+        let server = recording_server(name, record, |mut b| {
             if let Some(t) = token {
                 b = b.token(t);
             }

@@ -57,7 +57,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 /// `GET /vars.json` from `addr` (`HOST:PORT`, `http://HOST:PORT` or a bare port on 127.0.0.1).
-async fn fetch(addr: &str) -> Result<Value, String> {
+pub(crate) async fn fetch(addr: &str) -> Result<Value, String> {
     if let Some((scheme, _)) = addr.split_once("://").filter(|(s, _)| *s != "http") {
         return Err(format!(
             "{addr} is a {scheme}:// address, which serves RPC: stats and top read a process's admin \

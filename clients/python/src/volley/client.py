@@ -143,10 +143,10 @@ class Client:
             conn = await asyncio.wait_for(opened(), self.connect_timeout)
         except asyncio.TimeoutError:
             raise ConnectionLostError(
-                f"connecting to {self.address} timed out after {self.connect_timeout} s"
+                f"connecting to {self.address} timed out after {self.connect_timeout} s", unsent=True
             ) from None
         except (OSError, ssl_module.SSLError) as e:
-            raise ConnectionLostError(f"cannot connect to {self.address}: {e}") from None
+            raise ConnectionLostError(f"cannot connect to {self.address}: {e}", unsent=True) from None
         return conn
 
     def _budget(self, timeout: float | None) -> float:

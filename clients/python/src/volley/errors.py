@@ -103,11 +103,20 @@ class ConnectionLostError(VolleyError, ConnectionError):
 
     ``goaway_code`` is the code of the GoAway the server sent before closing, if any: after
     ``ShuttingDown`` (7) the calls still unanswered were never run and are safe to send again.
+    ``unsent`` says the request never left: the connection could not be made.
     """
 
-    def __init__(self, message: str, goaway_code: int | None = None):
+    def __init__(self, message: str, goaway_code: int | None = None, unsent: bool = False):
         super().__init__(message)
         self.goaway_code = goaway_code
+        self.unsent = unsent
+
+    @property
+    def never_ran(self) -> bool:
+        """No handler ran the request, so it may be sent again anywhere, whatever the method:
+        it never left, or its server went away with ``GoAway(ShuttingDown)`` before reading
+        it (PROTOCOL.md §9.6.2)."""
+        return self.unsent or self.goaway_code == Code.SHUTTING_DOWN
 
 
 class CodecError(VolleyError, ValueError):

@@ -9,8 +9,10 @@ PROTOCOL.md §16.5), picking them as the Rust ``ServiceClient`` does (§16.6).
 
 It resolves the service once, then keeps one watch outstanding, so instances that come and go
 are picked up without a call failing. One connection per instance, all sharing the
-registry's client id and request sequence (§7.1). An idempotent call whose instance cannot
-be reached is tried once more on the next instance.
+registry's client id and request sequence (§7.1). A call its instance never ran (the
+connection could not be made, or the server went away with ``GoAway(ShuttingDown)`` before
+reading it, §9.6.2) goes to another instance at once, whatever the method; an idempotent call
+whose connection failed is tried on another instance too. At most ``MAX_ATTEMPTS`` instances.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 
 # Pause before a watch that failed is sent again (the controller may be restarting).
 WATCH_RETRY = 0.25
+# Most instances one call tries (as the Rust ServiceClient's default).
+MAX_ATTEMPTS = 3
 
 
 def candidates(service: str, instances: tuple["Instance", ...]) -> list["Instance"]:
@@ -120,15 +124,21 @@ class ServiceClient:
     async def call(
         self, method: Method, request: Any, *, key: Any = None, idempotent: bool = False, **options: Any
     ) -> Any:
-        """Calls ``method`` on the instance ``pick`` chooses (see ``Client.call``)."""
-        first = self.pick(key)
-        try:
-            return await self._client(first.address).call(method, request, idempotent=idempotent, **options)
-        except ConnectionLostError:
-            if not idempotent:
-                raise
-        second = self.pick(key, skip={first.address})
-        return await self._client(second.address).call(method, request, idempotent=True, **options)
+        """Calls ``method`` on the instance ``pick`` chooses (see ``Client.call``). A call that
+        never ran, or an idempotent one whose connection failed, goes to the next instance."""
+        tried: set[str] = set()
+        instance = self.pick(key)
+        while True:
+            try:
+                return await self._client(instance.address).call(method, request, idempotent=idempotent, **options)
+            except ConnectionLostError as e:
+                tried.add(instance.address)
+                if not (idempotent or e.never_ran) or len(tried) >= MAX_ATTEMPTS:
+                    raise
+                try:
+                    instance = self.pick(key, skip=tried)
+                except (NoInstancesError, NotRegisteredError):
+                    raise e from None
 
     async def call_batch(self, method: Method, requests: list[Any], *, key: Any = None, **options: Any) -> list[Any]:
         """One batch call to one instance (round-robin, or the key's), as ``Client.call_batch``."""

@@ -10,6 +10,9 @@ use crate::metrics::stats::Snapshot;
 #[derive(Debug, Default)]
 pub(crate) struct PoolStats {
     pub failovers: AtomicU64,
+    /// Of the failovers, calls sent again because their server never ran them
+    /// (`Error::NotRun`), whatever the method.
+    pub resent_unrun: AtomicU64,
     pub instances_dropped: AtomicU64,
     /// Retries the budget refused.
     pub retries_refused: AtomicU64,

@@ -69,6 +69,10 @@ impl Relay {
         self.stats.failovers.load(Relaxed)
     }
 
+    pub fn resent_unrun(&self) -> u64 {
+        self.stats.resent_unrun.load(Relaxed)
+    }
+
     /// Drops every pool (and with them the connections to instances).
     pub fn clear(&self) {
         self.pools.lock().clear();

@@ -90,6 +90,8 @@ pub struct ControllerStats {
     pub watches: u64,
     pub relayed_calls: u64,
     pub relay_failovers: u64,
+    /// Of the relay's failovers, calls its instance never ran (going away), sent again.
+    pub relay_resent_unrun: u64,
     /// The store's backend: reachable or not, outages, errors, re-reads.
     pub store: StoreStatus,
     /// Client ids held by open connections to this controller (each is given back when the
@@ -213,6 +215,7 @@ impl State {
             watches: self.watches.load(Relaxed),
             relayed_calls: relay.calls(),
             relay_failovers: relay.failovers(),
+            relay_resent_unrun: relay.resent_unrun(),
             store: self.store.status(),
             client_ids_held: self.holders.held() as u64,
             lease_renewals: self.renewals.load(Relaxed),

@@ -136,6 +136,9 @@ impl Retrier {
                 return Err(e);
             }
             self.pool.stats.failovers.fetch_add(1, Relaxed);
+            if never_ran {
+                self.pool.stats.resent_unrun.fetch_add(1, Relaxed);
+            }
             last_err = Some(e);
         }
     }

@@ -131,8 +131,12 @@ pub struct ServiceClientStats {
     pub client_id: u32,
     /// Calls made (each instance of a scatter-gather counts).
     pub calls: u64,
-    /// Idempotent calls sent again to another instance (failover and budgeted retries).
+    /// Calls sent again to another instance: idempotent ones (failover and budgeted retries)
+    /// and any call its server never ran (`resent_unrun`).
     pub failovers: u64,
+    /// Of the failovers, calls sent again because their server never ran them
+    /// ([`Error::NotRun`]: it was going away), whatever the method.
+    pub resent_unrun: u64,
     /// Retries the [`RetryBudget`] refused (the call ended with its error).
     pub retries_refused: u64,
     /// Hedges sent, and hedges the budget refused (the call kept waiting on its first
@@ -471,6 +475,7 @@ impl ServiceClient {
             client_id: i.registry.client_id(),
             calls: i.calls.load(Relaxed),
             failovers: i.pool_stats.failovers.load(Relaxed),
+            resent_unrun: i.pool_stats.resent_unrun.load(Relaxed),
             retries_refused: i.pool_stats.retries_refused.load(Relaxed),
             hedges: i.pool_stats.hedges.load(Relaxed),
             hedges_refused: i.pool_stats.hedges_refused.load(Relaxed),
