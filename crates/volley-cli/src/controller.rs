@@ -127,6 +127,7 @@ pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), Strin
                 "settling": listing.settling,
                 "registration_open": open,
                 "services": services,
+                "omitted": listing.omitted,
             });
             outln!("{out}");
         } else {
@@ -157,6 +158,12 @@ pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), Strin
                         outln!("    and for clients on host {host}: {local}");
                     }
                 }
+            }
+            if listing.omitted > 0 {
+                outln!(
+                    "({} more services not shown: the list passed the controller's bound on a reply)",
+                    listing.omitted
+                );
             }
         }
         Ok(())

@@ -12,6 +12,11 @@
 //!   and a new one starts on the same address after the outage (1 s). Reported: calls lost
 //!   against the uninterrupted run, in seconds of that run's rate, and the connection attempts
 //!   the client and the server made while the controller was down.
+//! - **names**: one peer registers `--names` services (default 320,000), each under a 50 ms
+//!   lease it never renews, against a controller that forgets a service 1 s after its last
+//!   instance went. Reported: the process's resident memory idle, at the peak, and once the
+//!   names are forgotten (and after handing freed memory back to the system, where the
+//!   allocator can), and the size of a `list` reply at the peak and after.
 //!
 //! Client and servers run on two single-threaded runtimes (one core each), like `volley bench`.
 
@@ -42,6 +47,9 @@ pub struct RegistryBenchArgs {
     /// Dead instances registered (pollution).
     #[arg(long, default_value_t = 2000)]
     dead: usize,
+    /// Service names registered under short leases (names).
+    #[arg(long, default_value_t = 320_000)]
+    names: usize,
     /// Live echo servers.
     #[arg(long, default_value_t = 2)]
     live: usize,
@@ -67,6 +75,7 @@ pub struct RegistryBenchArgs {
 enum Scenario {
     Pollution,
     Restart,
+    Names,
 }
 
 /// Width of one step of the time series.
@@ -121,6 +130,9 @@ struct PollutionReport {
     half_of_clean_after_s: Option<f64>,
     /// The polluted run's rate after its first 2 s, as a fraction of the clean steady rate.
     polluted_after_2s_ratio: f64,
+    /// The polluted run's calls against the clean run's, each counted from its first call
+    /// (the junk being ejected included).
+    polluted_whole_run_ratio: f64,
     /// Instances the polluted run's client took out of rotation.
     instances_ejected: u64,
 }
@@ -150,6 +162,7 @@ pub fn run(args: RegistryBenchArgs) -> Result<(), String> {
     match args.scenario {
         Scenario::Pollution => pollution(&args),
         Scenario::Restart => restart(&args),
+        Scenario::Names => names(&args),
     }
 }
 
@@ -311,7 +324,7 @@ fn pollution(args: &RegistryBenchArgs) -> Result<(), String> {
     let concurrency = args.concurrency.unwrap_or(256);
     let duration = Duration::from_secs_f64(args.duration);
     let rt = current_thread()?;
-    let (mut half, mut ratio) = (Vec::new(), Vec::new());
+    let (mut half, mut ratio, mut whole) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=args.rounds.max(1) {
         let clean_fleet = Fleet::start(args.live)?;
         let polluted_fleet = Fleet::start(args.live)?;
@@ -335,6 +348,7 @@ fn pollution(args: &RegistryBenchArgs) -> Result<(), String> {
                 concurrency,
                 half_of_clean_after_s: polluted.reached(steady * 0.5),
                 polluted_after_2s_ratio: polluted.rate_after(2.0) / steady.max(f64::MIN_POSITIVE),
+                polluted_whole_run_ratio: polluted.calls_per_s / clean.calls_per_s.max(f64::MIN_POSITIVE),
                 instances_ejected: client.stats().instances_dropped,
                 clean_steady_calls_per_s: steady,
                 clean,
@@ -345,6 +359,7 @@ fn pollution(args: &RegistryBenchArgs) -> Result<(), String> {
         polluted_fleet.stop();
         half.push(report.half_of_clean_after_s.unwrap_or(f64::INFINITY));
         ratio.push(report.polluted_after_2s_ratio);
+        whole.push(report.polluted_whole_run_ratio);
         if args.json {
             outln!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
         } else {
@@ -353,10 +368,11 @@ fn pollution(args: &RegistryBenchArgs) -> Result<(), String> {
     }
     if args.rounds > 1 && !args.json {
         outln!(
-            "median of {} rounds: half of the clean rate after {:.2} s; {:.2} of it after 2 s",
+            "median of {} rounds: half of the clean rate after {:.2} s; {:.2} of it after 2 s; {:.2} of the clean run's calls from the start",
             args.rounds,
             median(&mut half),
-            median(&mut ratio)
+            median(&mut ratio),
+            median(&mut whole)
         );
     }
     Ok(())
@@ -398,6 +414,7 @@ fn print_pollution(r: &PollutionReport) {
         None => outln!("  half of the clean rate never reached"),
     }
     outln!("  after 2 s: {:.2} of the clean rate", r.polluted_after_2s_ratio);
+    outln!("  from the start: {:.2} of the clean run's calls", r.polluted_whole_run_ratio);
 }
 
 /// A controller on a thread and runtime of its own, listening on `addr`.
@@ -567,4 +584,146 @@ fn print_restart(r: &RestartReport) {
         r.client_reconnects_per_s,
         r.server_reconnects_per_s
     );
+}
+
+#[derive(Serialize)]
+struct NamesReport {
+    scenario: Scenario,
+    names: usize,
+    registered_per_s: f64,
+    rss_idle_mib: f64,
+    rss_peak_mib: f64,
+    /// Once every name is forgotten.
+    rss_after_mib: f64,
+    /// The same after `malloc_trim` (glibc: freed memory handed back to the system).
+    rss_after_trim_mib: f64,
+    list_bytes_peak: usize,
+    list_omitted_peak: u64,
+    list_bytes_after: usize,
+    services_forgotten: u64,
+}
+
+/// The process's resident memory, in MiB.
+fn rss_mib() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0.0);
+    pages * 4096.0 / (1 << 20) as f64
+}
+
+fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn names(args: &RegistryBenchArgs) -> Result<(), String> {
+    use volley::discovery::wire::LIST;
+    let rt = current_thread()?;
+    let config = ControllerConfig::default()
+        .expiry_tick(Duration::from_millis(100))
+        .forget_after(Duration::from_secs(1))
+        .settle(Duration::ZERO);
+    let (addr, stop, thread) = on_own_thread(move || {
+        Box::pin(async move {
+            let c = Controller::new(config);
+            let addr = c.listen("tcp://127.0.0.1:0").await.map_err(|e| e.to_string())?.to_string();
+            Ok(((addr, c.clone()), c))
+        })
+    })?;
+    let (addr, controller) = addr;
+    let report = rt.block_on(async {
+        let raw = Client::connect(&addr).await.map_err(|e| e.to_string())?;
+        let list_bytes = async || -> Result<(usize, u64), String> {
+            let l = raw.call(&LIST, ()).await.map_err(|e| format!("list: {e}"))?;
+            Ok((serde_json::to_vec(&l).map_err(|e| e.to_string())?.len(), l.omitted))
+        };
+        trim();
+        let rss_idle_mib = rss_mib();
+        let t0 = Instant::now();
+        let mut in_flight = tokio::task::JoinSet::new();
+        let mut rss_peak_mib = rss_idle_mib;
+        for k in 0..args.names {
+            let req = RegisterRequest {
+                lease: 0,
+                ttl_ms: 50,
+                instances: vec![InstanceSpec::new(format!("lapsed-name-{k:08}"), "tcp://127.0.0.1:9")],
+                credential: String::new(),
+            };
+            let raw = raw.clone();
+            in_flight.spawn(async move { raw.call(&REGISTER, req).await });
+            if in_flight.len() >= 256 {
+                in_flight
+                    .join_next()
+                    .await
+                    .expect("one")
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+            }
+            if k % 10_000 == 0 {
+                rss_peak_mib = rss_peak_mib.max(rss_mib());
+            }
+        }
+        while let Some(r) = in_flight.join_next().await {
+            r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        }
+        let registered_per_s = args.names as f64 / t0.elapsed().as_secs_f64();
+        let (list_bytes_peak, list_omitted_peak) = list_bytes().await?;
+        rss_peak_mib = rss_peak_mib.max(rss_mib());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while controller.stats().services_forgotten < args.names as u64 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {} names forgotten after 120 s",
+                    controller.stats().services_forgotten
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (list_bytes_after, _) = list_bytes().await?;
+        let rss_after_mib = rss_mib();
+        trim();
+        Ok::<_, String>(NamesReport {
+            scenario: Scenario::Names,
+            names: args.names,
+            registered_per_s,
+            rss_idle_mib,
+            rss_peak_mib,
+            rss_after_mib,
+            rss_after_trim_mib: rss_mib(),
+            list_bytes_peak,
+            list_omitted_peak,
+            list_bytes_after,
+            services_forgotten: controller.stats().services_forgotten,
+        })
+    });
+    drop(controller);
+    let _ = stop.send(());
+    let _ = thread.join();
+    let r = report?;
+    if args.json {
+        outln!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+    } else {
+        outln!(
+            "registry names: {} services under 50 ms leases, one peer ({:.0} registrations/s), forgotten 1 s after their last instance",
+            r.names,
+            r.registered_per_s
+        );
+        outln!(
+            "  resident memory: idle {:.1} MiB, peak {:.1} MiB, all forgotten {:.1} MiB ({:.1} MiB once freed memory is handed back)",
+            r.rss_idle_mib,
+            r.rss_peak_mib,
+            r.rss_after_mib,
+            r.rss_after_trim_mib
+        );
+        outln!(
+            "  list reply: {} bytes at the peak ({} services omitted), {} bytes after; {} services forgotten",
+            r.list_bytes_peak,
+            r.list_omitted_peak,
+            r.list_bytes_after,
+            r.services_forgotten
+        );
+    }
+    Ok(())
 }

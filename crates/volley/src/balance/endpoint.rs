@@ -25,6 +25,9 @@ pub(crate) struct Endpoint {
     info: ArcSwap<Instance>,
     client: ArcSwapOption<Client>,
     connecting: tokio::sync::Mutex<()>,
+    /// Connection attempts that failed: a caller that waited for another's attempt, which
+    /// failed, fails too instead of trying again.
+    connect_failures: AtomicU64,
     outstanding: AtomicUsize,
     stats: Arc<PoolStats>,
     /// Attempts sent to this instance.
@@ -43,6 +46,7 @@ impl Endpoint {
             info: ArcSwap::from_pointee(instance),
             client: ArcSwapOption::empty(),
             connecting: tokio::sync::Mutex::new(()),
+            connect_failures: AtomicU64::new(0),
             outstanding: AtomicUsize::new(0),
             stats,
             attempts: AtomicU64::new(0),
@@ -78,11 +82,22 @@ impl Endpoint {
         if let Some(c) = self.client.load().as_deref().filter(|c| c.is_connected()) {
             return Ok(c.clone());
         }
+        let failures = self.connect_failures.load(Relaxed);
         let _one_at_a_time = self.connecting.lock().await;
         if let Some(c) = self.client.load().as_deref().filter(|c| c.is_connected()) {
             return Ok(c.clone());
         }
-        let c = self.open(config).await?;
+        // Many callers that picked a junk instance at once would each wait for the connect
+        // before theirs, then fail one after the other: one refusal answers them all.
+        if self.connect_failures.load(Relaxed) != failures {
+            return Err(Error::Connection(format!(
+                "{}: the connection attempt made meanwhile failed",
+                self.address
+            )));
+        }
+        let c = self.open(config).await.inspect_err(|_| {
+            self.connect_failures.fetch_add(1, Relaxed);
+        })?;
         if let Some(old) = self.client.swap(Some(Arc::new(c.clone()))) {
             self.stats.retire(old.counters());
         }

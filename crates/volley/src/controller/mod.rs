@@ -9,9 +9,11 @@
 //! - `server.rs` — [`Controller`], its settings and counters, and the registry's methods;
 //! - `relay.rs` — relayed calls, forwarded to instances through pools of its own;
 //! - `store.rs` — the [`Store`] trait and the [`MemoryStore`];
+//! - `bounds.rs` — the held watches, relays in flight and sizes it bounds;
 //! - `client_ids.rs` — which connections hold which client ids;
 //! - `embedded.rs` — the process's embedded controller.
 
+mod bounds;
 mod client_ids;
 mod embedded;
 mod relay;
@@ -20,4 +22,4 @@ mod store;
 
 pub use embedded::embedded;
 pub use server::{Controller, ControllerConfig, ControllerStats};
-pub use store::{MemoryStore, Renewal, ServiceState, Store, StoreError, StoreStatus};
+pub use store::{MemoryStore, Renewal, ServiceState, Store, StoreError, StoreLimits, StoreStatus};

@@ -73,6 +73,15 @@ impl Relay {
         self.stats.resent_unrun.load(Relaxed)
     }
 
+    /// Drops the pools of services the store forgot, with their connections (whose counters
+    /// join the retired ones as they close).
+    pub fn forget(&self, services: &[String]) {
+        let mut pools = self.pools.lock();
+        for s in services {
+            pools.remove(s);
+        }
+    }
+
     /// Drops every pool (and with them the connections to instances).
     pub fn clear(&self) {
         self.pools.lock().clear();

@@ -13,9 +13,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::bounds::{HeldWatches, RelaysInFlight, json_len};
 use super::client_ids::{self, Holders};
 use super::relay::Relay;
-use super::store::{MemoryStore, Store, StoreError, StoreStatus, status};
+use super::store::{MemoryStore, Store, StoreError, StoreLimits, StoreStatus, status};
 use crate::balance::Balance;
 use crate::client::ClientConfig;
 use crate::discovery::wire::*;
@@ -59,6 +60,35 @@ pub struct ControllerConfig {
     /// its status page lists the services, their instances and leases. `None`: no endpoint.
     #[setters(strip_option, into)]
     pub admin: Option<String>,
+    /// Most watches held at once, over all connections. A watch beyond it (or beyond
+    /// `max_watches_per_connection`) is answered at once with the service's current state, as
+    /// if its timeout had passed; the client polls again after a pause. Default 16,384.
+    pub max_watches: usize,
+    /// Most watches one connection may have held at once. Default 1,024 (a client holds one
+    /// per service it calls).
+    pub max_watches_per_connection: usize,
+    /// Most relayed calls in flight at once; a relayed call beyond it is refused
+    /// (`Code::Overloaded`). Default 16,384.
+    pub max_relays: usize,
+    /// The server's bound on queued requests for every other method (registrations,
+    /// renewals, look-ups). Held watches and relayed calls have their own bounds above and do
+    /// not count against it, so they can never leave a lease renewal without room. Default
+    /// 50,000 (a server's default).
+    pub max_queued: usize,
+    /// Most bytes of one instance's registration, as JSON (its addresses, host id and
+    /// metadata). Default 64 KiB.
+    pub max_instance_bytes: usize,
+    /// Most instances one lease may hold, and the bytes the instances of one service may take
+    /// (so that a `resolve` reply always fits in a frame). Applies to the [`MemoryStore`] the
+    /// controller makes ([`Controller::new`]); a store given to
+    /// [`with_store`](Controller::with_store) keeps its own.
+    pub store_limits: StoreLimits,
+    /// Most bytes of a `list` reply's services, as JSON; services beyond it (the last by name)
+    /// are left out and counted in its `omitted`. Default 8 MiB (the frame limit is 16 MiB).
+    pub max_list_bytes: usize,
+    /// How long a service with no instance left is still known (`resolve` says `known`, `list`
+    /// names it) before the controller forgets it. Default 60 s.
+    pub forget_after: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -74,6 +104,14 @@ impl Default for ControllerConfig {
             registration_credential: None,
             tokens: Vec::new(),
             admin: None,
+            max_watches: 16_384,
+            max_watches_per_connection: 1_024,
+            max_relays: 16_384,
+            max_queued: 50_000,
+            max_instance_bytes: 64 << 10,
+            store_limits: StoreLimits::default(),
+            max_list_bytes: 8 << 20,
+            forget_after: Duration::from_secs(60),
         }
     }
 }
@@ -103,6 +141,15 @@ pub struct ControllerStats {
     pub expired_instances: u64,
     /// Watches answered with a change (a new revision or epoch), not a timeout.
     pub watch_events: u64,
+    /// Watches held now.
+    pub watches_held: u64,
+    /// Watches answered at once because `max_watches` or `max_watches_per_connection` were
+    /// held.
+    pub watches_not_held: u64,
+    /// Relayed calls refused because `max_relays` were in flight.
+    pub relays_refused: u64,
+    /// Services forgotten after having no instance for `forget_after`.
+    pub services_forgotten: u64,
 }
 
 /// A running controller. Cheap to clone.
@@ -124,6 +171,11 @@ struct State {
     renewals: AtomicU64,
     expired: AtomicU64,
     watch_events: AtomicU64,
+    held: HeldWatches,
+    not_held: AtomicU64,
+    relays: RelaysInFlight,
+    relays_refused: AtomicU64,
+    forgotten: AtomicU64,
     /// Which connections hold which client ids (an id is given back when they close).
     holders: Arc<Holders>,
     relay: Relay,
@@ -132,7 +184,7 @@ struct State {
 impl Controller {
     /// A controller over a fresh [`MemoryStore`]. Call [`listen`](Self::listen) to serve.
     pub fn new(config: ControllerConfig) -> Controller {
-        Controller::with_store(Arc::new(MemoryStore::new()), config)
+        Controller::with_store(Arc::new(MemoryStore::new().with_limits(config.store_limits)), config)
     }
 
     /// A controller over the given store.
@@ -148,6 +200,11 @@ impl Controller {
             renewals: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             watch_events: AtomicU64::new(0),
+            held: HeldWatches::new(config.max_watches, config.max_watches_per_connection),
+            not_held: AtomicU64::new(0),
+            relays: RelaysInFlight::new(config.max_relays),
+            relays_refused: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
             holders: Arc::default(),
             relay: Relay::new(config.relay_balance, config.relay_client.clone(), rev),
             store,
@@ -221,6 +278,10 @@ impl State {
             lease_renewals: self.renewals.load(Relaxed),
             expired_instances: self.expired.load(Relaxed),
             watch_events: self.watch_events.load(Relaxed),
+            watches_held: self.held.held() as u64,
+            watches_not_held: self.not_held.load(Relaxed),
+            relays_refused: self.relays_refused.load(Relaxed),
+            services_forgotten: self.forgotten.load(Relaxed),
         }
     }
 }
@@ -281,7 +342,11 @@ fn build_server(st: &Arc<State>) -> Server {
             }
         }};
     }
-    let mut builder = Server::builder();
+    // Held watches and relays have bounds of their own; the rest keeps `max_queued` whatever
+    // they hold.
+    let c = &st.config;
+    let mut builder =
+        Server::builder().max_queued(c.max_queued.saturating_add(c.max_watches).saturating_add(c.max_relays));
     for t in &st.config.tokens {
         builder = builder.token(t);
     }
@@ -293,7 +358,9 @@ fn build_server(st: &Arc<State>) -> Server {
         .handle(&RENEW, with_state!(renew))
         .handle(&DEREGISTER, with_state!(deregister))
         .handle(&RESOLVE, with_state!(resolve))
-        .handle(&WATCH, with_state!(watch_service))
+        // Each watch on its own: one that is answered at once must not wait for the held ones
+        // that arrived with it.
+        .handle_each(&WATCH, with_state!(watch_service))
         .handle(&ALLOC_CLIENT_ID, with_state!(alloc_client_id))
         .handle(&RELEASE_CLIENT_ID, with_state!(release_client_id))
         .handle(&CLAIM_CLIENT_ID, with_state!(claim_client_id))
@@ -329,6 +396,15 @@ impl State {
             match self.store.expire().await {
                 Ok(n) => _ = self.expired.fetch_add(n as u64, Relaxed),
                 Err(e) => tracing::warn!(error = %e, "lease expiry failed"),
+            }
+            match self.store.forget(self.config.forget_after).await {
+                Ok(gone) if !gone.is_empty() => {
+                    tracing::debug!(services = gone.len(), "forgot services with no instance left");
+                    self.forgotten.fetch_add(gone.len() as u64, Relaxed);
+                    self.relay.forget(&gone);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "forgetting empty services failed"),
             }
         }
     }
@@ -369,6 +445,7 @@ fn check_credential(
 async fn register(st: Arc<State>, r: RegisterRequest) -> Result<Registered, Status> {
     let instances: Vec<_> = r.instances.iter().map(|i| format!("{}@{}", i.service, i.address)).collect();
     check_credential(&st, &r.credential, "register", &instances)?;
+    check_size(&st, &r)?;
     let (lease, ttl) = if r.lease == 0 {
         let ttl = st.ttl(r.ttl_ms);
         (st.store.grant(ttl).await.map_err(status)?, ttl)
@@ -387,6 +464,37 @@ async fn register(st: Arc<State>, r: RegisterRequest) -> Result<Registered, Stat
             Err(status(e))
         }
     }
+}
+
+/// Refuses what no store should take: more instances than a lease may hold, or an instance
+/// larger than `max_instance_bytes` (checked before anything is granted).
+fn check_size(st: &State, r: &RegisterRequest) -> Result<(), Status> {
+    let max = st.config.store_limits.max_instances_per_lease;
+    if r.instances.len() > max {
+        return Err(Status::new(
+            Code::TooLarge,
+            format!(
+                "register refused: {} instances in one registration (at most {max} per lease)",
+                r.instances.len()
+            ),
+        ));
+    }
+    for i in &r.instances {
+        i.check().map_err(|why| Status::new(Code::BadRequest, format!("register refused: {why}")))?;
+        let bytes = json_len(i);
+        if bytes > st.config.max_instance_bytes {
+            let metadata: usize = i.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+            let service: String = i.service.chars().take(64).collect();
+            return Err(Status::new(
+                Code::TooLarge,
+                format!(
+                    "register refused: an instance of {service:?} of {bytes} bytes (metadata {metadata} bytes); at most {} bytes per instance",
+                    st.config.max_instance_bytes
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 async fn renew(st: Arc<State>, r: LeaseRequest) -> Result<Renewed, Status> {
@@ -433,10 +541,16 @@ async fn resolve(st: Arc<State>, service: String) -> Result<Resolved, Status> {
 /// The long poll: answers as soon as the service changes after the caller's revision (or at
 /// once if the caller's revision is from another epoch), else at the timeout. While settling,
 /// it answers no later than the moment settling ends, so clients learn the settled list.
+///
+/// Watches are held up to `max_watches` in all and `max_watches_per_connection` per
+/// connection; beyond either, the watch is answered at once with the current state (and the
+/// client polls again after a pause), so held watches never crowd out other calls.
 async fn watch_service(st: Arc<State>, w: WatchRequest) -> Result<Resolved, Status> {
     st.watches.fetch_add(1, Relaxed);
+    let connection = crate::server::current_connection();
+    let connection_id = connection.as_ref().map(|c| c.id);
     if w.client_id != 0 {
-        st.claim(w.client_id, crate::server::current_connection()).await;
+        st.claim(w.client_id, connection).await;
     }
     // Subscribe before reading, so a change between the read and the wait is not missed.
     let mut changes: watch::Receiver<u64> = st.store.subscribe();
@@ -444,11 +558,19 @@ async fn watch_service(st: Arc<State>, w: WatchRequest) -> Result<Resolved, Stat
     if st.settling() {
         deadline = deadline.min(st.started + st.config.settle);
     }
+    let mut slot = None;
     loop {
         let r = st.resolved(&w.service).await?;
         if w.epoch != st.epoch || r.revision > w.from_revision {
             st.watch_events.fetch_add(1, Relaxed);
             return Ok(r);
+        }
+        if slot.is_none() {
+            slot = st.held.hold(connection_id);
+            if slot.is_none() {
+                st.not_held.fetch_add(1, Relaxed);
+                return Ok(r);
+            }
         }
         tokio::select! {
             biased;
@@ -496,16 +618,45 @@ async fn info(st: Arc<State>, _: ()) -> Result<ControllerInfo, Status> {
     })
 }
 
+/// Every service, in name order, up to `max_list_bytes` of them (the rest counted in
+/// `omitted`), so the reply fits in a frame however many services there are.
 async fn list(st: Arc<State>, _: ()) -> Result<Listing, Status> {
-    let services = st.store.list().await.map_err(status)?;
+    let mut services = st.store.list().await.map_err(status)?;
+    let mut bytes = 0;
+    let fit = services
+        .iter()
+        .position(|s| {
+            bytes += json_len(s) + 1;
+            bytes > st.config.max_list_bytes
+        })
+        .unwrap_or(services.len());
+    let omitted = (services.len() - fit) as u64;
+    services.truncate(fit);
     Ok(Listing {
         epoch: st.epoch,
         revision: *st.store.subscribe().borrow(),
         settling: st.settling(),
         services,
+        omitted,
     })
 }
 
+/// Forwards a relayed call, unless it is addressed to the registry service itself (a relay
+/// to a controller's own relay would nest without end, each level holding a call) or
+/// `max_relays` calls are in flight.
 async fn relay(st: Arc<State>, r: RelayRequest) -> Result<RelayReply, Status> {
+    if r.service == SERVICE {
+        return Err(Status::new(
+            Code::BadRequest,
+            format!("relay refused: the service {SERVICE} is not relayed (call the registry directly)"),
+        ));
+    }
+    let Some(_slot) = st.relays.start() else {
+        st.relays_refused.fetch_add(1, Relaxed);
+        return Err(Status::new(
+            Code::Overloaded,
+            format!("relay refused: the controller is relaying its bound of {} calls", st.relays.max()),
+        ));
+    };
     Ok(st.relay.forward(&*st.store, st.epoch, r).await.into())
 }

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::bounds::json_len;
 use crate::discovery::wire::{Instance, InstanceSpec, ListedInstance, ServiceListing};
 use crate::error::Status;
 use crate::proto::Code;
@@ -31,6 +32,10 @@ pub enum StoreError {
     /// A registration the store refuses (empty service name, weight 0 ...).
     #[error("invalid registration: {0}")]
     Invalid(String),
+    /// A registration over one of the store's size bounds (instances per lease, bytes per
+    /// service); the message names the bound.
+    #[error("registration too large: {0}")]
+    TooLarge(String),
     /// The backend failed (for remote backends).
     #[error("store backend failed: {0}")]
     Backend(String),
@@ -82,6 +87,14 @@ pub trait Store: Send + Sync + 'static {
     /// Removes every lease whose time ran out, with its instances; returns how many instances
     /// went. Backends whose store expires leases itself return `Ok(0)`.
     fn expire(&self) -> BoxFuture<'_, Result<usize, StoreError>>;
+    /// Forgets every service that has had no instance for `linger` or longer: `resolve` says
+    /// it is unknown again and `list` leaves it out, so names registered once (or by a flood of
+    /// short leases) do not stay forever. Returns the names forgotten. Backends that keep no
+    /// empty services return none.
+    fn forget(&self, linger: Duration) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        let _ = linger;
+        ready(Ok(Vec::new()))
+    }
     fn resolve<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<ServiceState, StoreError>>;
     fn list(&self) -> BoxFuture<'_, Result<Vec<ServiceListing>, StoreError>>;
     /// A client id no other live client of this store holds.
@@ -145,6 +158,26 @@ impl Default for StoreStatus {
 pub struct MemoryStore {
     state: Mutex<Mem>,
     revision: watch::Sender<u64>,
+    limits: StoreLimits,
+}
+
+/// The sizes a [`MemoryStore`] refuses registrations beyond ([`StoreError::TooLarge`]), so
+/// that one registrant cannot make a service's list too large to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreLimits {
+    /// Most instances one lease may hold. Default 256.
+    pub max_instances_per_lease: usize,
+    /// Most bytes the instances of one service may take, as the JSON a `resolve` reply
+    /// carries them in. Default 8 MiB: a `resolve` reply then stays well within the 16 MiB
+    /// frame limit.
+    pub max_service_bytes: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        StoreLimits { max_instances_per_lease: 256, max_service_bytes: 8 << 20 }
+    }
 }
 
 struct Mem {
@@ -169,6 +202,29 @@ struct Lease {
 struct Svc {
     revision: u64,
     instances: BTreeMap<u64, Instance>,
+    /// The instances' size as JSON.
+    bytes: usize,
+    /// Since when the service has had no instance (`None`: it has some).
+    empty_since: Option<Instant>,
+}
+
+impl Svc {
+    fn insert(&mut self, id: u64, instance: Instance) {
+        self.bytes += json_len(&instance);
+        if let Some(old) = self.instances.insert(id, instance) {
+            self.bytes -= json_len(&old);
+        }
+        self.empty_since = None;
+    }
+
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(old) = self.instances.remove(&id) else { return false };
+        self.bytes -= json_len(&old);
+        if self.instances.is_empty() {
+            self.empty_since = Some(Instant::now());
+        }
+        true
+    }
 }
 
 struct ClientIds {
@@ -199,8 +255,15 @@ impl MemoryStore {
         MemoryStore::build(range, start)
     }
 
+    /// The same store with other size bounds.
+    pub fn with_limits(mut self, limits: StoreLimits) -> MemoryStore {
+        self.limits = limits;
+        self
+    }
+
     fn build(range: RangeInclusive<u32>, start: u32) -> MemoryStore {
         MemoryStore {
+            limits: StoreLimits::default(),
             state: Mutex::new(Mem {
                 revision: 0,
                 // Lease and instance ids start at a random point: a server still holding a lease
@@ -241,7 +304,7 @@ impl Mem {
         let mut removed = Vec::new();
         for (service, id) in list {
             if let Some(svc) = self.services.get_mut(service)
-                && svc.instances.remove(id).is_some()
+                && svc.remove(*id)
             {
                 removed.push(service.clone());
             }
@@ -253,6 +316,72 @@ impl Mem {
             }
         }
         removed.len()
+    }
+}
+
+impl Mem {
+    /// Refuses a registration of `specs` under `lease` that would pass `limits`: the lease's
+    /// instance count, or a service's bytes (counting what the registration replaces).
+    fn check_size(
+        &self,
+        lease: &Lease,
+        specs: &[InstanceSpec],
+        limits: StoreLimits,
+    ) -> Result<(), StoreError> {
+        let held = lease.instances.len();
+        // New to the lease: neither registered under it already nor repeated in `specs`.
+        let under_lease = |s: &InstanceSpec| {
+            lease.instances.iter().any(|(service, id)| {
+                *service == s.service
+                    && self
+                        .services
+                        .get(service)
+                        .and_then(|svc| svc.instances.get(id))
+                        .is_some_and(|i| i.address == s.address)
+            })
+        };
+        let new = specs
+            .iter()
+            .enumerate()
+            .filter(|&(k, s)| {
+                !specs[..k].iter().any(|p| p.service == s.service && p.address == s.address)
+                    && !under_lease(s)
+            })
+            .count();
+        if held + new > limits.max_instances_per_lease {
+            return Err(StoreError::TooLarge(format!(
+                "{} instances under one lease (it holds {held}, this adds {new}); at most {} per lease",
+                held + new,
+                limits.max_instances_per_lease
+            )));
+        }
+        let mut added: BTreeMap<&str, usize> = BTreeMap::new();
+        for (k, s) in specs.iter().enumerate() {
+            // Repeated specs are one instance; the last one's size is the larger estimate's.
+            if specs[k + 1..].iter().any(|p| p.service == s.service && p.address == s.address) {
+                continue;
+            }
+            let size = json_len(&s.instance(u64::MAX, u64::MAX));
+            *added.entry(&s.service).or_default() += size;
+            // What the registration replaces (the same address) leaves the service.
+            if let Some(svc) = self.services.get(&s.service) {
+                for i in svc.instances.values().filter(|i| i.address == s.address) {
+                    let e = added.get_mut(s.service.as_str()).expect("just added");
+                    *e = e.saturating_sub(json_len(i));
+                }
+            }
+        }
+        for (service, add) in added {
+            let now = self.services.get(service).map_or(0, |s| s.bytes);
+            if now + add > limits.max_service_bytes {
+                return Err(StoreError::TooLarge(format!(
+                    "the instances of service {service:?} would take {} bytes (they take {now}); at most {} per service",
+                    now + add,
+                    limits.max_service_bytes
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -295,10 +424,12 @@ impl Store for MemoryStore {
         if let Some(why) = specs.iter().find_map(|s| s.check().err()) {
             return ready(Err(StoreError::Invalid(why)));
         }
+        let limits = self.limits;
         ready(self.with(|st| {
-            if !st.leases.contains_key(&lease) {
+            let Some(l) = st.leases.get(&lease) else {
                 return Err(StoreError::UnknownLease(lease));
-            }
+            };
+            st.check_size(l, specs, limits)?;
             // One instance per (service, address). Under another lease, it is a server that
             // restarted before its old lease lapsed (or someone claiming its address): the new
             // registration replaces it, and the old lease learns at its next renewal that it
@@ -334,7 +465,7 @@ impl Store for MemoryStore {
                 st.next_instance += 1;
                 let instance = s.instance(id, lease);
                 let svc = st.services.entry(s.service.clone()).or_default();
-                svc.instances.insert(id, instance);
+                svc.insert(id, instance);
                 svc.revision = rev;
                 st.leases.get_mut(&lease).expect("checked").instances.push((s.service.clone(), id));
                 ids.push(id);
@@ -373,6 +504,20 @@ impl Store for MemoryStore {
             }
             st.remove_instances(&gone)
         })))
+    }
+
+    fn forget(&self, linger: Duration) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let mut gone = Vec::new();
+        st.services.retain(|name, svc| {
+            let keep = svc.empty_since.is_none_or(|t| now.saturating_duration_since(t) < linger);
+            if !keep {
+                gone.push(name.clone());
+            }
+            keep
+        });
+        ready(Ok(gone))
     }
 
     fn resolve<'a>(&'a self, service: &'a str) -> BoxFuture<'a, Result<ServiceState, StoreError>> {
@@ -442,6 +587,7 @@ pub(crate) fn status(e: StoreError) -> Status {
         StoreError::UnknownLease(_) => Code::Application,
         StoreError::ClientIdsExhausted(_) => Code::Overloaded,
         StoreError::Invalid(_) => Code::BadRequest,
+        StoreError::TooLarge(_) => Code::TooLarge,
         StoreError::Backend(_) => Code::Internal,
     };
     Status::new(code, e.to_string())
@@ -555,6 +701,52 @@ mod tests {
             Err(StoreError::Invalid(_))
         ));
         assert_eq!(s.register(99, &[spec("a", "tcp://h:1")]).await, Err(StoreError::UnknownLease(99)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_service_with_no_instance_left_is_forgotten_after_the_linger() {
+        let s = MemoryStore::new();
+        let linger = Duration::from_secs(60);
+        let lease = s.grant(Duration::from_secs(10)).await.unwrap();
+        s.register(lease, &[spec("a", "tcp://h:1"), spec("b", "tcp://h:1")]).await.unwrap();
+        let keep = s.grant(Duration::from_secs(1000)).await.unwrap();
+        s.register(keep, &[spec("b", "tcp://h:2")]).await.unwrap();
+        s.revoke(lease).await.unwrap();
+        let before = s.resolve("a").await.unwrap();
+        assert!(before.known && before.instances.is_empty());
+        tokio::time::advance(linger - Duration::from_secs(1)).await;
+        assert!(s.forget(linger).await.unwrap().is_empty(), "not yet");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(s.forget(linger).await.unwrap(), ["a"], "b still has an instance");
+        assert_eq!(s.resolve("a").await.unwrap(), ServiceState::default());
+        assert_eq!(s.list().await.unwrap().iter().map(|l| l.name.as_str()).collect::<Vec<_>>(), ["b"]);
+        // Registered again: known, at a revision above the one it had.
+        let again = s.grant(Duration::from_secs(10)).await.unwrap();
+        s.register(again, &[spec("a", "tcp://h:1")]).await.unwrap();
+        assert!(s.resolve("a").await.unwrap().revision > before.revision);
+    }
+
+    #[tokio::test]
+    async fn registrations_over_the_size_limits_are_refused_and_change_nothing() {
+        let limits = StoreLimits { max_instances_per_lease: 3, max_service_bytes: 1_000 };
+        let s = MemoryStore::new().with_limits(limits);
+        let lease = s.grant(Duration::from_secs(10)).await.unwrap();
+        s.register(lease, &[spec("a", "tcp://h:1"), spec("a", "tcp://h:2")]).await.unwrap();
+        // Registering the same two again adds nothing to the lease's count.
+        s.register(lease, &[spec("a", "tcp://h:1"), spec("a", "tcp://h:2")]).await.unwrap();
+        let rev = s.resolve("a").await.unwrap().revision;
+        let e = s.register(lease, &[spec("a", "tcp://h:3"), spec("a", "tcp://h:4")]).await.unwrap_err();
+        assert!(matches!(&e, StoreError::TooLarge(m) if m.contains("at most 3 per lease")), "{e}");
+        assert_eq!(status(e).code, Code::TooLarge);
+        let other = s.grant(Duration::from_secs(10)).await.unwrap();
+        let big = spec("a", "tcp://h:9").meta("k", "v".repeat(800));
+        let e = s.register(other, &[big]).await.unwrap_err();
+        assert!(matches!(&e, StoreError::TooLarge(m) if m.contains("at most 1000 per service")), "{e}");
+        let a = s.resolve("a").await.unwrap();
+        assert_eq!((a.instances.len(), a.revision), (2, rev), "nothing changed");
+        // The bytes counted go down as instances leave.
+        s.revoke(lease).await.unwrap();
+        s.register(other, &[spec("a", "tcp://h:9").meta("k", "v".repeat(800))]).await.unwrap();
     }
 
     #[tokio::test]

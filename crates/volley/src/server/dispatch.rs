@@ -299,6 +299,26 @@ impl Dispatch {
         if !self.admit_group(c, out) {
             return;
         }
+        if route.alone && self.group.len() > 1 {
+            for item in std::mem::take(&mut self.group) {
+                self.group.push(item);
+                self.serve(c, out, route, large, None, deadline);
+            }
+            return;
+        }
+        self.serve(c, out, route, large, span, deadline);
+    }
+
+    /// Starts the handler of `route` on the current group.
+    fn serve(
+        &mut self,
+        c: &Conn<'_>,
+        out: &mut FrameBuilder,
+        route: &super::router::Route,
+        large: bool,
+        span: Option<Span>,
+        deadline: Option<Instant>,
+    ) {
         // The ids are copied on every dispatch (into a reused buffer) because the requests move
         // into the handler; only a handler that waits needs them (see `start`).
         self.started.clear();

@@ -85,6 +85,22 @@ impl ServerBuilder {
         self.route(m, TypedHandler::from_item_fn(f))
     }
 
+    /// Registers an async handler whose requests are each served on their own: one that waits
+    /// long (a long poll) never holds back the reply of another that arrived with it, as it
+    /// would under [`handle`](Self::handle), which answers the requests of one turn together.
+    /// Costs a task per request that waits.
+    pub fn handle_each<Req, Resp, F, Fut>(mut self, m: &Method<Req, Resp>, f: F) -> Self
+    where
+        Req: Wire,
+        Resp: Wire,
+        F: Fn(Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
+    {
+        self = self.route(m, TypedHandler::from_item_fn(f));
+        self.router.set_alone(m.service(), m.name());
+        self
+    }
+
     /// Registers a synchronous handler, for work that never waits (lookups, arithmetic, echo):
     /// a batch is served by a plain loop, and an inproc call is a direct function call, with no
     /// future or allocation per request. It runs on the connection's task: anything that can
@@ -253,7 +269,7 @@ impl ServerBuilder {
         let h = Arc::new(h);
         let local: AnyMethod<Req, Resp> = h.clone();
         let metrics = Arc::new(MethodMetrics::new(m.service(), m.name()));
-        let route = Route { handler: h, local: Box::new(local), metrics };
+        let route = Route { handler: h, local: Box::new(local), metrics, alone: false };
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
         }

@@ -19,6 +19,9 @@ pub(crate) struct Route {
     pub local: Box<dyn Any + Send + Sync>,
     /// The method's metrics (kept only if the server's config says so).
     pub metrics: Arc<crate::metrics::MethodMetrics>,
+    /// Requests are served one by one, never joined with those that arrived with them
+    /// ([`ServerBuilder::handle_each`](super::ServerBuilder::handle_each)).
+    pub alone: bool,
 }
 
 #[derive(Default)]
@@ -30,6 +33,13 @@ impl Router {
     /// Adds a route; `false` if the method already had one.
     pub fn insert(&mut self, service: &str, method: &str, route: Route) -> bool {
         self.services.entry(service.into()).or_default().insert(method.into(), route).is_none()
+    }
+
+    /// Marks the route of `service/method` as served one request at a time.
+    pub fn set_alone(&mut self, service: &str, method: &str) {
+        if let Some(r) = self.services.get_mut(service).and_then(|m| m.get_mut(method)) {
+            r.alone = true;
+        }
     }
 
     /// The route of `service/method`, or the error reply for an unknown service or method.

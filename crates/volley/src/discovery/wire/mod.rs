@@ -87,6 +87,9 @@ pub const MAX_LOCAL_ADDRESSES: usize = 8;
 /// Longest host id the registry takes, in bytes.
 pub const MAX_HOST_ID: usize = 255;
 
+/// Longest service name the registry takes, in bytes (names are 1–255 bytes).
+pub const MAX_SERVICE_NAME: usize = 255;
+
 fn one() -> u32 {
     1
 }
@@ -136,9 +139,17 @@ impl InstanceSpec {
     }
 
     /// What the registry refuses in a registration (`BadRequest`): an empty service or
-    /// address, weight 0, more than [`MAX_LOCAL_ADDRESSES`] same-host addresses, an empty one,
-    /// or same-host addresses without a host id (no caller could tell it shares the host).
+    /// address, a service name over [`MAX_SERVICE_NAME`] bytes, weight 0, more than
+    /// [`MAX_LOCAL_ADDRESSES`] same-host addresses, an empty one, or same-host addresses
+    /// without a host id (no caller could tell it shares the host).
     pub fn check(&self) -> Result<(), String> {
+        if self.service.len() > MAX_SERVICE_NAME {
+            // The name itself is not repeated: it may be the whole of a flood.
+            return Err(format!(
+                "a service name of {} bytes (at most {MAX_SERVICE_NAME})",
+                self.service.len()
+            ));
+        }
         let at = || format!("{}@{}", self.service, self.address);
         if self.service.is_empty() || self.address.is_empty() || self.weight == 0 {
             return Err(format!(
@@ -294,6 +305,14 @@ pub struct Listing {
     pub revision: u64,
     pub settling: bool,
     pub services: Vec<ServiceListing>,
+    /// Services left out (the last ones by name) because listing them too would have passed
+    /// the controller's bound on a reply. 0: the list is whole.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub omitted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
