@@ -60,6 +60,7 @@ mod error;
 mod liveness;
 mod method;
 mod metrics;
+pub mod reflect;
 pub mod registry;
 pub mod retry;
 mod server;
@@ -99,6 +100,9 @@ pub use method::Method;
 pub use metrics::stats::Snapshot;
 pub use proto::{Code, Extensions, Limits, ProtocolError, TraceParent};
 pub use registry::Registry;
+/// The JSON Schema crate `volley.reflect` uses (feature `schema`).
+#[cfg(feature = "schema")]
+pub use schemars;
 pub use server::{
     BatchResult, ConcurrencyLimit, ConnectionCounts, Drain, Server, ServerBuilder, ServerConfig, StopSignal,
     current_peer, shutdown_signal,

@@ -40,7 +40,7 @@ use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-use crate::codec::Wire;
+use crate::codec::{Json, Wire};
 use crate::error::{Error, Status};
 use crate::liveness::Keepalive;
 use crate::method::Method;
@@ -48,6 +48,7 @@ use crate::metrics::MethodMetrics;
 use crate::metrics::scrape::RegistrySource;
 use crate::metrics::stats::{Counters, Snapshot};
 use crate::proto::Limits;
+use crate::reflect::{self, Catalog, HandlerKind, MethodInfo};
 use crate::transport::Address;
 use crate::transport::inproc::{self, AnyMethod, LocalServer};
 use crate::transport::socket;
@@ -68,6 +69,7 @@ pub(crate) use peer::{ConnectionScope, current_connection};
 pub struct ServerBuilder {
     router: Router,
     config: ServerConfig,
+    catalog: Catalog,
 }
 
 impl ServerBuilder {
@@ -80,7 +82,7 @@ impl ServerBuilder {
         F: Fn(Req) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
-        self.route(m, TypedHandler::from_item_fn(f))
+        self.route(m, TypedHandler::from_item_fn(f), HandlerKind::Single)
     }
 
     /// Registers a synchronous handler, for work that never waits (lookups, arithmetic, echo):
@@ -93,7 +95,7 @@ impl ServerBuilder {
         Resp: Wire,
         F: Fn(Req) -> Result<Resp, Status> + Send + Sync + 'static,
     {
-        self.route(m, TypedHandler::from_sync_fn(f))
+        self.route(m, TypedHandler::from_sync_fn(f), HandlerKind::Single)
     }
 
     /// Registers a batch handler: it receives every request that arrived together (up to
@@ -107,7 +109,7 @@ impl ServerBuilder {
         F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = BatchResult<Resp>> + Send + 'static,
     {
-        self.route(m, TypedHandler::from_batch_fn(f))
+        self.route(m, TypedHandler::from_batch_fn(f), HandlerKind::Batch)
     }
 
     /// Most requests handed to a handler per turn (default 1000).
@@ -206,7 +208,22 @@ impl ServerBuilder {
         self
     }
 
-    pub fn build(self) -> Server {
+    /// Answers the built-in reflection service `volley.reflect` (the default) or not. See
+    /// [`ServerConfig::reflection`].
+    pub fn reflection(mut self, on: bool) -> Self {
+        self.config.reflection = on;
+        self
+    }
+
+    pub fn build(mut self) -> Server {
+        if self.config.reflection {
+            // The catalog lists the reflection method too, so it is filled in after its route.
+            let catalog = Arc::new(std::sync::OnceLock::new());
+            let served = catalog.clone();
+            self =
+                self.handle_fn(&reflect::LIST, move |()| Ok(Json(served.get().cloned().unwrap_or_default())));
+            let _ = catalog.set(self.catalog.clone());
+        }
         let host = Arc::new(Host::new(self.config.max_batch));
         for route in self.router.routes() {
             route.handler.attach(Arc::downgrade(&host), self.config.metrics.then(|| route.metrics.clone()));
@@ -236,7 +253,12 @@ impl ServerBuilder {
         Server { shared }
     }
 
-    fn route<Req: Wire, Resp: Wire>(mut self, m: &Method<Req, Resp>, h: TypedHandler<Req, Resp>) -> Self {
+    fn route<Req: Wire, Resp: Wire>(
+        mut self,
+        m: &Method<Req, Resp>,
+        h: TypedHandler<Req, Resp>,
+        kind: HandlerKind,
+    ) -> Self {
         let h = Arc::new(h);
         let local: AnyMethod<Req, Resp> = h.clone();
         let metrics = Arc::new(MethodMetrics::new(m.service(), m.name()));
@@ -244,6 +266,7 @@ impl ServerBuilder {
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
         }
+        self.catalog.add(m.service(), MethodInfo::of(m, kind));
         self
     }
 }
@@ -256,7 +279,11 @@ pub struct Server {
 
 impl Server {
     pub fn builder() -> ServerBuilder {
-        ServerBuilder { router: Router::default(), config: ServerConfig::default() }
+        ServerBuilder {
+            router: Router::default(),
+            config: ServerConfig::default(),
+            catalog: Catalog::default(),
+        }
     }
 
     /// Starts serving on `addr` (`inproc://NAME`, `unix:///PATH` or `tcp://HOST:PORT`) and

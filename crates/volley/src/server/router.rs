@@ -43,8 +43,9 @@ impl Router {
         })
     }
 
+    /// The application's services (not the ones every server adds by itself).
     pub fn service_names(&self) -> impl Iterator<Item = &str> {
-        self.services.keys().map(|s| &**s)
+        self.services.keys().map(|s| &**s).filter(|s| !crate::reflect::is_built_in(s))
     }
 
     pub fn routes(&self) -> impl Iterator<Item = &Route> {
