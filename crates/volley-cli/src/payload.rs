@@ -116,6 +116,7 @@ fn opaque(t: &TypeInfo, v: &Value, o: Options) -> Result<Vec<u8>, String> {
     let why = match t.format.as_str() {
         "bitcode" | "bitcode-serde" => "bitcode (the fast tier) carries no field names",
         "pod" => "a plain-data struct is its memory, with no field names",
+        "protobuf" => "protobuf needs the message's descriptor, which reflection does not carry yet",
         _ => "its encoding is hand-written",
     };
     Err(format!(

@@ -98,6 +98,9 @@ pub use error::{Error, ErrorClass, Result, Status};
 pub use liveness::Keepalive;
 pub use method::Method;
 pub use metrics::stats::Snapshot;
+/// The protobuf crate of `wire!(proto: T)` (feature `proto`).
+#[cfg(feature = "proto")]
+pub use prost;
 pub use proto::{Code, Extensions, Limits, ProtocolError, TraceParent};
 pub use registry::Registry;
 /// The JSON Schema crate `volley.reflect` uses (feature `schema`).

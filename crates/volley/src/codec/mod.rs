@@ -116,7 +116,8 @@ pub use wrap::{Bitcode, BitcodeSerde, Json, MsgPack};
     message = "`{Self}` is not a Volley wire type, so it cannot be a request or a reply",
     label = "not a wire type",
     note = "declare its codec tier with `volley::wire!({Self})` (serde, encoded with bitcode), or \
-            `wire!(bitcode: …)`, `wire!(pod: …)`, `wire!(json: …)`, `wire!(msgpack: …)`; or wrap \
+            `wire!(bitcode: …)`, `wire!(pod: …)`, `wire!(json: …)`, `wire!(msgpack: …)`, \
+            `wire!(proto: …)`; or wrap \
             it (`volley::codec::Json<…>`)"
 )]
 pub trait Wire: Sized + Send + Sync + 'static {
@@ -127,7 +128,8 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// typed as JSON into a payload (reflection, `volley call`). One of the formats listed in
     /// docs/PROTOCOL.md (*Reflection*): `utf-8`, `bytes`, `unit`, `bool`, a number type
     /// (`u32`, `f64`, …), `array` (plain-data elements back to back), `pod`, `bitcode`,
-    /// `bitcode-serde`, `json`, `msgpack`, or `custom` (the default for hand-written impls).
+    /// `bitcode-serde`, `json`, `msgpack`, `protobuf`, or `custom` (the default for hand-written
+    /// impls).
     const FORMAT: &'static str = "custom";
     /// A JSON Schema of the type, where its tier has one and the crate can derive it: types
     /// declared with `wire!(json: …)`, `wire!(msgpack: …)` or `wire!(…)` that also derive
@@ -156,7 +158,7 @@ pub enum Tier {
     Pod,
     /// bitcode, through serde or bitcode's own derive.
     Fast,
-    /// A self-describing format: JSON or MessagePack.
+    /// A format other languages read: JSON, MessagePack, or protobuf (feature `proto`).
     General,
 }
 
@@ -306,6 +308,7 @@ impl Wire for bool {
 /// | `volley::wire!(pod: T)` | plain data: the value's bytes, little-endian; also [`StableHash`] | `T: bytemuck::Pod` |
 /// | `volley::wire!(json: T)` | general: JSON (serde_json) | `T: Serialize + DeserializeOwned` |
 /// | `volley::wire!(msgpack: T)` | general: MessagePack, structs as maps (rmp-serde) | `T: Serialize + DeserializeOwned` |
+/// | `volley::wire!(proto: T)` | general: protobuf (prost; feature `proto`) | `T: prost::Message + Default` |
 ///
 /// Both sides of a method must declare the same tier for a type: the bytes differ between
 /// tiers (and between bitcode's serde mode and its derive), and nothing on the wire says which
@@ -379,6 +382,18 @@ macro_rules! wire {
             }
             fn decode(bytes: $crate::bytes::Bytes) -> ::std::result::Result<Self, $crate::CodecError> {
                 $crate::codec::general::json_decode(&bytes)
+            }
+        }
+    )+};
+    (proto: $($t:ty),+ $(,)?) => {$(
+        impl $crate::Wire for $t {
+            const TIER: $crate::codec::Tier = $crate::codec::Tier::General;
+            const FORMAT: &'static str = "protobuf";
+            fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
+                $crate::codec::general::proto_encode(self, out)
+            }
+            fn decode(bytes: $crate::bytes::Bytes) -> ::std::result::Result<Self, $crate::CodecError> {
+                $crate::codec::general::proto_decode(bytes)
             }
         }
     )+};
