@@ -236,3 +236,47 @@ def test_the_readmes_serving_example_runs_as_written_and_stops_on_ctrl_c(tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_reflection_lists_methods_kinds_and_formats():
+    async def main():
+        server = math_server()
+        address = await server.listen("tcp://127.0.0.1:0")
+        client = await volley.Client.connect(address)
+        try:
+            catalog = await client.call(volley.reflect.LIST, None)
+        finally:
+            await client.close()
+            await server.shutdown()
+        methods = {(s["name"], m["name"]): m for s in catalog["services"] for m in s["methods"]}
+        assert sorted(methods) == [
+            ("echo", "echo"),
+            ("math", "big"),
+            ("math", "halve"),
+            ("math", "sum"),
+            ("volley.reflect", "list"),
+        ]
+        assert methods[("math", "sum")]["kind"] == "batch"
+        assert methods[("math", "sum")]["request"] == {"name": "object", "tier": "general", "format": "json"}
+        assert methods[("math", "halve")]["reply"]["format"] == "u32"
+        assert methods[("echo", "echo")]["kind"] == "single"
+        assert methods[("echo", "echo")]["request"]["format"] == "bytes"
+        assert server.services == {"echo", "math"}
+
+    run(main())
+
+
+def test_reflection_can_be_turned_off():
+    async def main():
+        server = Server(reflection=False).handle(ECHO, slow_echo)
+        address = await server.listen("tcp://127.0.0.1:0")
+        client = await volley.Client.connect(address)
+        try:
+            with pytest.raises(volley.RemoteError) as e:
+                await client.call(volley.reflect.LIST, None)
+            assert e.value.code == volley.Code.UNKNOWN_SERVICE
+        finally:
+            await client.close()
+            await server.shutdown()
+
+    run(main())

@@ -83,11 +83,11 @@ async fn etcd_controller(url: &str, _: ControllerConfig) -> Result<Controller, S
 
 /// `volley ls --registry ADDR [--json]`: services and instances, and a warning when the
 /// controller takes registrations from anyone.
-pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), String> {
+pub fn ls(registry: &str, json: bool, token: Option<String>, methods: bool) -> Result<(), String> {
     runtime()?.block_on(async {
         let what = format!("registry {registry}");
         let mut config = ClientConfig::default();
-        config.token = token.map(String::into_bytes);
+        config.token = token.clone().map(String::into_bytes);
         let r = Registry::connect_with(registry, config).await.map_err(|e| match e.is_permanent() {
             true => refusal::connecting(&what, &e, "--token", "VOLLEY_TOKEN"),
             false => format!("{what}: {e}"),
@@ -95,6 +95,15 @@ pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), Strin
         let listing = r.list().await.map_err(|e| format!("{what}: {e}"))?;
         // A controller older than `info` answers UnknownMethod: nothing is known then.
         let open = r.info().await.ok().map(|i| !i.registration_credential);
+        // Each service's methods, from its first instance's reflection (or why not).
+        let mut reflected = std::collections::HashMap::new();
+        if methods {
+            for s in listing.services.iter().filter(|s| !s.instances.is_empty()) {
+                let catalog = crate::call::reflect(&s.instances[0].instance.address, &token).await;
+                let service = catalog.map(|c| c.service(&s.name).cloned());
+                reflected.insert(s.name.clone(), service);
+            }
+        }
         if json {
             let services: Vec<serde_json::Value> = listing
                 .services
@@ -117,7 +126,15 @@ pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), Strin
                             })
                         })
                         .collect();
-                    serde_json::json!({ "name": s.name, "revision": s.revision, "instances": instances })
+                    let mut out =
+                        serde_json::json!({ "name": s.name, "revision": s.revision, "instances": instances });
+                    match reflected.get(&s.name) {
+                        Some(Ok(Some(info))) => out["methods"] = serde_json::json!(info.methods),
+                        Some(Ok(None)) => out["methods_error"] = "not served by its first instance".into(),
+                        Some(Err(e)) => out["methods_error"] = e.clone().into(),
+                        None => {}
+                    }
+                    out
                 })
                 .collect();
             let out = serde_json::json!({
@@ -157,6 +174,17 @@ pub fn ls(registry: &str, json: bool, token: Option<String>) -> Result<(), Strin
                         let (local, host) = (i.instance.local_addresses.join(" "), &i.instance.host_id);
                         outln!("    and for clients on host {host}: {local}");
                     }
+                }
+                match reflected.get(&s.name) {
+                    Some(Ok(Some(info))) => {
+                        outln!("  methods:");
+                        for m in &info.methods {
+                            outln!("    {}", crate::call::method_line(m));
+                        }
+                    }
+                    Some(Ok(None)) => outln!("  methods: not served by its first instance"),
+                    Some(Err(e)) => outln!("  methods: {e}"),
+                    None => {}
                 }
             }
             if listing.omitted > 0 {

@@ -2,6 +2,7 @@
 //! run the search-engine testbed.
 
 mod bench;
+mod call;
 mod call_record;
 mod conformance;
 mod controller;
@@ -9,6 +10,7 @@ mod echo;
 mod health;
 mod output;
 mod overload_bench;
+mod payload;
 mod refusal;
 mod registry_bench;
 mod rolling_bench;
@@ -124,12 +126,31 @@ enum Command {
         /// The token the controller requires (environment: VOLLEY_TOKEN).
         #[arg(long, env = "VOLLEY_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// Also list each service's methods and their types (from the reflection of its
+        /// first instance: `volley describe`).
+        #[arg(long)]
+        methods: bool,
     },
     /// Whether servers take new calls (`volley.health`): one server (`--connect ADDR
     /// [SERVICE]`) or every instance of a service (`--registry R SERVICE`), once or with
     /// `--watch` as it changes. Exits 0 when all serve, 1 when one does not or is draining, 2
     /// when one could not be asked.
     Health(health::HealthArgs),
+    /// A server's services and methods, with each method's handler kind and the tier, format
+    /// and type of its request and reply (from its `volley.reflect`): `volley describe ADDR`,
+    /// or `volley describe --registry R SERVICE`.
+    Describe(call::DescribeArgs),
+    /// Call a method with JSON typed here, encoded for the method's format as the server's
+    /// reflection names it; the reply is printed as JSON.
+    ///
+    /// volley call --connect tcp://127.0.0.1:7411 echo echo '"hello"'
+    ///
+    /// volley call --registry tcp://127.0.0.1:7400 shop buy '{"item":"tea","count":2}'
+    ///
+    /// seq 1000 | volley call --connect tcp://127.0.0.1:7411 math square --batch
+    ///
+    /// A failed call exits with status 1 and prints its error code and message.
+    Call(call::CallArgs),
     /// A process's methods from its admin endpoint (`--admin` of serve-echo, controller):
     /// calls/s, errors/s, p50/p99/p99.9 and batch sizes over the last seconds, redrawn every
     /// second until Ctrl-C.
@@ -236,7 +257,14 @@ fn main() -> std::process::ExitCode {
         Command::Controller { listen, store, registration_credential, token, admin } => {
             controller::serve(&listen, &store, registration_credential, token, admin)
         }
-        Command::Ls { registry, json, token } => controller::ls(&registry, json, token),
+        Command::Ls { registry, json, token, methods } => controller::ls(&registry, json, token, methods),
+        Command::Describe(args) => call::describe(args),
+        Command::Call(args) => match call::call(args) {
+            Ok(true) => Ok(()),
+            // Each failed item is on its own line already.
+            Ok(false) => return std::process::ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
         Command::Top { addr, interval, count } => match Duration::try_from_secs_f64(interval) {
             Ok(i) if !i.is_zero() => top::top(&addr, i, count),
             _ => Err(format!("--interval {interval}: expected a positive number of seconds")),

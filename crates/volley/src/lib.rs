@@ -61,6 +61,7 @@ pub mod health;
 mod liveness;
 mod method;
 mod metrics;
+pub mod reflect;
 pub mod registry;
 pub mod retry;
 mod server;
@@ -98,8 +99,14 @@ pub use error::{Error, ErrorClass, Result, Status};
 pub use liveness::Keepalive;
 pub use method::Method;
 pub use metrics::stats::Snapshot;
+/// The protobuf crate of `wire!(proto: T)` (feature `proto`).
+#[cfg(feature = "proto")]
+pub use prost;
 pub use proto::{Code, Extensions, Limits, ProtocolError, TraceParent};
 pub use registry::Registry;
+/// The JSON Schema crate `volley.reflect` uses (feature `schema`).
+#[cfg(feature = "schema")]
+pub use schemars;
 pub use server::{
     BatchResult, ConcurrencyLimit, ConnectionCounts, Drain, Server, ServerBuilder, ServerConfig, StopSignal,
     current_peer, shutdown_signal,

@@ -11,7 +11,7 @@
 See the package's README for batches, codecs, errors and the registry.
 """
 
-from . import blocking, health
+from . import blocking, health, reflect
 from .client import Client, Sequence
 from .codec import (
     BOOL,

@@ -34,9 +34,15 @@ from .proto import name_bytes
 
 
 class Codec:
-    """How values of one type travel; subclasses override ``encode`` and ``decode``."""
+    """How values of one type travel; subclasses override ``encode`` and ``decode``.
+
+    ``tier`` and ``format`` are what reflection (``volley.reflect``) says of the type: the
+    codec tier and the byte format, as a Rust type of the same encoding reports them."""
 
     name = "codec"
+    tier = "custom"
+    format = "custom"
+    type_name = "object"
 
     def encode(self, value: Any) -> bytes:
         raise NotImplementedError
@@ -58,6 +64,7 @@ class Codec:
 
 class _Raw(Codec):
     name = "raw"
+    tier, format, type_name = "pod", "bytes", "bytes"
 
     def encode(self, value: bytes | bytearray | memoryview) -> bytes:
         if type(value) is bytes:
@@ -83,6 +90,7 @@ class _Raw(Codec):
 
 class _Utf8(Codec):
     name = "utf-8"
+    format, type_name = "utf-8", "str"
 
     def encode(self, value: str) -> bytes:
         if not isinstance(value, str):
@@ -98,6 +106,7 @@ class _Utf8(Codec):
 
 class _Unit(Codec):
     name = "unit"
+    format, type_name = "unit", "None"
 
     def encode(self, value: None) -> bytes:
         return b""
@@ -110,9 +119,12 @@ class _Unit(Codec):
 class Fixed(Codec):
     """One value of a fixed-width little-endian type: a ``struct`` code such as ``"I"``."""
 
+    tier = "pod"
+
     def __init__(self, code: str, name: str):
         self.struct = struct.Struct("<" + code)
-        self.name = name
+        self.name = self.format = name
+        self.type_name = "float" if code in "fd" else "int"
 
     def encode(self, value: Any) -> bytes:
         try:
@@ -128,6 +140,7 @@ class Fixed(Codec):
 
 class _Bool(Codec):
     name = "bool"
+    format, type_name = "bool", "bool"
 
     def encode(self, value: bool) -> bytes:
         return b"\x01" if value else b"\x00"
@@ -141,9 +154,11 @@ class _Bool(Codec):
 class Wide(Codec):
     """A 128-bit integer, little-endian (two's complement when signed)."""
 
+    tier, type_name = "pod", "int"
+
     def __init__(self, signed: bool):
         self.signed = signed
-        self.name = "i128" if signed else "u128"
+        self.name = self.format = "i128" if signed else "u128"
 
     def encode(self, value: int) -> bytes:
         try:
@@ -163,10 +178,14 @@ class Array(Codec):
     ``code`` is a ``struct`` code: ``B H I Q`` (u8 … u64), ``b h i q`` (i8 … i64), ``f d``.
     """
 
+    tier, format = "pod", "array"
+
     def __init__(self, code: str):
         self.code = code
         self.size = struct.calcsize("<" + code)
         self.name = f"array of {code}"
+        # Named as Rust names the vector, so a tool reads the element type the same way.
+        self.type_name = f"list[{_ELEMENT.get(code, code)}]"
 
     def encode(self, values: list) -> bytes:
         try:
@@ -180,10 +199,15 @@ class Array(Codec):
         return list(struct.unpack(f"<{len(payload) // self.size}{self.code}", payload))
 
 
+_ELEMENT = dict(zip("BHIQbhiqfd", "u8 u16 u32 u64 i8 i16 i32 i64 f32 f64".split()))
+
+
 class Pod(Codec):
     """A plain-data struct (``volley::wire!(pod: T)``): its fields little-endian at their
     ``#[repr(C)]`` offsets. ``layout`` is a ``struct`` format starting with ``<``; ``make``
     builds the value from the fields (a namedtuple class, say; default: a tuple)."""
+
+    tier, format = "pod", "pod"
 
     def __init__(self, layout: str, make: Callable[..., Any] | None = None):
         if not layout.startswith("<"):
@@ -191,6 +215,7 @@ class Pod(Codec):
         self.struct = struct.Struct(layout)
         self.make = make
         self.name = f"pod {layout}"
+        self.type_name = getattr(make, "__name__", "tuple")
 
     def encode(self, value: Any) -> bytes:
         try:
@@ -209,6 +234,7 @@ class _Json(Codec):
     """Compact JSON, UTF-8 (non-ASCII characters as themselves, as serde_json writes them)."""
 
     name = "json"
+    tier, format = "general", "json"
 
     def encode(self, value: Any) -> bytes:
         try:
@@ -227,6 +253,7 @@ class _MsgPack(Codec):
     """MessagePack (the optional ``msgpack`` package: ``pip install 'volley-client[msgpack]'``)."""
 
     name = "msgpack"
+    tier, format = "general", "msgpack"
 
     def _lib(self):
         try:

@@ -27,6 +27,7 @@ import signal
 from typing import Any, Callable
 
 from .address import Address, parse
+from . import reflect
 from .codec import Method
 from . import health
 from .errors import Code, CodecError, RemoteError, UsageError
@@ -120,9 +121,16 @@ class Server:
     ``token``: connections must present it (or one of a list of them) first (§6.11).
     ``expose_errors``: a handler's unplanned exception is answered with its type and text
     (for development; by default callers get a generic ``Panicked`` and the log the details).
+    ``reflection``: answer ``volley.reflect`` (the default; see ``volley.reflect``).
     """
 
-    def __init__(self, *, token: bytes | str | list | None = None, expose_errors: bool = False):
+    def __init__(
+        self,
+        *,
+        token: bytes | str | list | None = None,
+        expose_errors: bool = False,
+        reflection: bool = True,
+    ):
         self.expose_errors = expose_errors
         tokens = token if isinstance(token, list) else [token] if token is not None else []
         self.tokens = [t.encode() if isinstance(t, str) else t for t in tokens]
@@ -141,6 +149,10 @@ class Server:
             (health.SERVICE, "check"): Route(health.CHECK, self.health.check, batch=False),
             (health.SERVICE, "watch"): Route(health.WATCH, self.health.watch, batch=False),
         }
+        if reflection:
+            # Not one of ``services``: a registry lists only the application's.
+            listing = Route(reflect.LIST, lambda _: reflect.catalog(self.routes), batch=False)
+            self.routes[(reflect.SERVICE, reflect.LIST.name)] = listing
 
     def handle(self, method: Method, handler: Handler) -> "Server":
         """Serves ``method`` one request at a time: ``handler(request) -> reply``."""

@@ -45,3 +45,17 @@ pub fn msgpack_decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError
     }
     Ok(v)
 }
+
+/// Encodes a protobuf message (`volley::wire!(proto: T)`, feature `proto`).
+#[cfg(feature = "proto")]
+pub fn proto_encode<T: prost::Message>(v: &T, out: &mut BytesMut) -> Result<(), CodecError> {
+    // BytesMut grows as needed: encoding into it cannot run out of room.
+    v.encode(out).map_err(|e| CodecError::of::<T>("protobuf", e))
+}
+
+/// Decodes one protobuf message from the whole payload (protobuf has no end marker: the
+/// payload's length delimits it, as in every tier).
+#[cfg(feature = "proto")]
+pub fn proto_decode<T: prost::Message + Default>(bytes: bytes::Bytes) -> Result<T, CodecError> {
+    T::decode(bytes).map_err(|e| CodecError::of::<T>("protobuf", e))
+}

@@ -102,6 +102,8 @@ pub mod fast;
 pub mod general;
 pub mod hash;
 pub mod pod;
+#[doc(hidden)]
+pub mod schema;
 mod wrap;
 
 pub use bytestring::ByteString;
@@ -114,13 +116,27 @@ pub use wrap::{Bitcode, BitcodeSerde, Json, MsgPack};
     message = "`{Self}` is not a Volley wire type, so it cannot be a request or a reply",
     label = "not a wire type",
     note = "declare its codec tier with `volley::wire!({Self})` (serde, encoded with bitcode), or \
-            `wire!(bitcode: …)`, `wire!(pod: …)`, `wire!(json: …)`, `wire!(msgpack: …)`; or wrap \
+            `wire!(bitcode: …)`, `wire!(pod: …)`, `wire!(json: …)`, `wire!(msgpack: …)`, \
+            `wire!(proto: …)`; or wrap \
             it (`volley::codec::Json<…>`)"
 )]
 pub trait Wire: Sized + Send + Sync + 'static {
     /// The tier this type's encoding belongs to (for tools and reports; it changes nothing at
     /// run time). Hand-written impls are [`Tier::Custom`] unless they say otherwise.
     const TIER: Tier = Tier::Custom;
+    /// How the bytes are laid out, finer than the tier: what a tool needs to turn a value
+    /// typed as JSON into a payload (reflection, `volley call`). One of the formats listed in
+    /// docs/PROTOCOL.md (*Reflection*): `utf-8`, `bytes`, `unit`, `bool`, a number type
+    /// (`u32`, `f64`, …), `array` (plain-data elements back to back), `pod`, `bitcode`,
+    /// `bitcode-serde`, `json`, `msgpack`, `protobuf`, or `custom` (the default for hand-written
+    /// impls).
+    const FORMAT: &'static str = "custom";
+    /// A JSON Schema of the type, where its tier has one and the crate can derive it: types
+    /// declared with `wire!(json: …)`, `wire!(msgpack: …)` or `wire!(…)` that also derive
+    /// `schemars::JsonSchema`, with the feature `schema` on. `None` otherwise.
+    fn schema() -> Option<serde_json::Value> {
+        None
+    }
     /// Appends the encoded value to `out`.
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError>;
     /// Decodes a value from exactly the bytes of one payload.
@@ -142,7 +158,7 @@ pub enum Tier {
     Pod,
     /// bitcode, through serde or bitcode's own derive.
     Fast,
-    /// A self-describing format: JSON or MessagePack.
+    /// A format other languages read: JSON, MessagePack, or protobuf (feature `proto`).
     General,
 }
 
@@ -174,6 +190,7 @@ impl CodecError {
 
 impl Wire for Bytes {
     const TIER: Tier = Tier::Pod;
+    const FORMAT: &'static str = "bytes";
     #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_slice(self);
@@ -190,6 +207,7 @@ impl Wire for Bytes {
 }
 
 impl Wire for String {
+    const FORMAT: &'static str = "utf-8";
     #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_slice(self.as_bytes());
@@ -208,6 +226,7 @@ impl Wire for String {
 /// A string borrowed from the receive buffer: decoding validates the UTF-8 and keeps a
 /// reference to the payload's bytes instead of copying them.
 impl Wire for ByteString {
+    const FORMAT: &'static str = "utf-8";
     #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_slice(self.as_bytes());
@@ -224,6 +243,7 @@ impl Wire for ByteString {
 }
 
 impl Wire for () {
+    const FORMAT: &'static str = "unit";
     #[inline]
     fn encode(&self, _: &mut BytesMut) -> Result<(), CodecError> {
         Ok(())
@@ -242,6 +262,7 @@ macro_rules! wire_number {
     ($($t:ty),*) => {$(
         impl Wire for $t {
             const TIER: Tier = Tier::Pod;
+            const FORMAT: &'static str = stringify!($t);
             #[inline]
             fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
                 out.put_slice(&self.to_le_bytes());
@@ -262,6 +283,7 @@ macro_rules! wire_number {
 wire_number!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128, f32, f64);
 
 impl Wire for bool {
+    const FORMAT: &'static str = "bool";
     #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_u8(*self as u8);
@@ -286,6 +308,7 @@ impl Wire for bool {
 /// | `volley::wire!(pod: T)` | plain data: the value's bytes, little-endian; also [`StableHash`] | `T: bytemuck::Pod` |
 /// | `volley::wire!(json: T)` | general: JSON (serde_json) | `T: Serialize + DeserializeOwned` |
 /// | `volley::wire!(msgpack: T)` | general: MessagePack, structs as maps (rmp-serde) | `T: Serialize + DeserializeOwned` |
+/// | `volley::wire!(proto: T)` | general: protobuf (prost; feature `proto`) | `T: prost::Message + Default` |
 ///
 /// Both sides of a method must declare the same tier for a type: the bytes differ between
 /// tiers (and between bitcode's serde mode and its derive), and nothing on the wire says which
@@ -310,6 +333,7 @@ macro_rules! wire {
     (pod: $($t:ty),+ $(,)?) => {$(
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::Pod;
+            const FORMAT: &'static str = "pod";
             #[inline]
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::pod::encode(self, out);
@@ -332,6 +356,7 @@ macro_rules! wire {
     (bitcode: $($t:ty),+ $(,)?) => {$(
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::Fast;
+            const FORMAT: &'static str = "bitcode";
             #[inline]
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::fast::encode(self, out);
@@ -346,6 +371,12 @@ macro_rules! wire {
     (json: $($t:ty),+ $(,)?) => {$(
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::General;
+            const FORMAT: &'static str = "json";
+            fn schema() -> ::std::option::Option<$crate::codec::schema::Value> {
+                #[allow(unused_imports)]
+                use $crate::codec::schema::{NoSchema as _, ViaSchema as _};
+                (&$crate::codec::schema::Probe::<$t>::new()).volley_schema()
+            }
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::general::json_encode(self, out)
             }
@@ -354,9 +385,27 @@ macro_rules! wire {
             }
         }
     )+};
+    (proto: $($t:ty),+ $(,)?) => {$(
+        impl $crate::Wire for $t {
+            const TIER: $crate::codec::Tier = $crate::codec::Tier::General;
+            const FORMAT: &'static str = "protobuf";
+            fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
+                $crate::codec::general::proto_encode(self, out)
+            }
+            fn decode(bytes: $crate::bytes::Bytes) -> ::std::result::Result<Self, $crate::CodecError> {
+                $crate::codec::general::proto_decode(bytes)
+            }
+        }
+    )+};
     (msgpack: $($t:ty),+ $(,)?) => {$(
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::General;
+            const FORMAT: &'static str = "msgpack";
+            fn schema() -> ::std::option::Option<$crate::codec::schema::Value> {
+                #[allow(unused_imports)]
+                use $crate::codec::schema::{NoSchema as _, ViaSchema as _};
+                (&$crate::codec::schema::Probe::<$t>::new()).volley_schema()
+            }
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::general::msgpack_encode(self, out)
             }
@@ -368,6 +417,12 @@ macro_rules! wire {
     ($($t:ty),+ $(,)?) => {$(
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::Fast;
+            const FORMAT: &'static str = "bitcode-serde";
+            fn schema() -> ::std::option::Option<$crate::codec::schema::Value> {
+                #[allow(unused_imports)]
+                use $crate::codec::schema::{NoSchema as _, ViaSchema as _};
+                (&$crate::codec::schema::Probe::<$t>::new()).volley_schema()
+            }
             #[inline]
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::fast::serde_encode(self, out)

@@ -90,6 +90,7 @@ fn element_count<T>(len: usize) -> Result<usize, CodecError> {
 /// [`PodVec<T>`] to read them in place.
 impl<T: Pod + Send + Sync> Wire for Vec<T> {
     const TIER: Tier = Tier::Pod;
+    const FORMAT: &'static str = "array";
     #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         encode_slice(self, out);
@@ -266,6 +267,7 @@ impl<T: Pod + PartialEq> PartialEq<Vec<T>> for PodVec<T> {
 
 impl<T: Pod + Send + Sync> Wire for PodVec<T> {
     const TIER: Tier = Tier::Pod;
+    const FORMAT: &'static str = "array";
     #[inline]
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
         out.put_slice(&self.bytes);

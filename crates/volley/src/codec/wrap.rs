@@ -24,7 +24,7 @@ use serde::de::DeserializeOwned;
 use super::{CodecError, Tier, Wire, fast, general};
 
 macro_rules! wrapper {
-    ($(#[$doc:meta])* $name:ident, $tier:expr, [$($bound:tt)+], $encode:expr, $decode:path) => {
+    ($(#[$doc:meta])* $name:ident, $tier:expr, $format:literal, [$($bound:tt)+], $encode:expr, $decode:path) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name<T>(pub T);
@@ -57,6 +57,7 @@ macro_rules! wrapper {
 
         impl<T: $($bound)+ + Send + Sync + 'static> Wire for $name<T> {
             const TIER: Tier = $tier;
+            const FORMAT: &'static str = $format;
             #[inline]
             fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
                 let encode = $encode;
@@ -72,12 +73,13 @@ macro_rules! wrapper {
 
 wrapper!(
     /// `T` in the fast tier, bitcode serde mode: as `volley::wire!(T)`.
-    BitcodeSerde, Tier::Fast, [Serialize + DeserializeOwned], fast::serde_encode, fast::serde_decode
+    BitcodeSerde, Tier::Fast, "bitcode-serde", [Serialize + DeserializeOwned], fast::serde_encode, fast::serde_decode
 );
 wrapper!(
     /// `T` in the fast tier, bitcode's derive: as `volley::wire!(bitcode: T)`.
     Bitcode,
     Tier::Fast,
+    "bitcode",
     [bitcode::Encode + bitcode::DecodeOwned],
     |v: &T, out: &mut BytesMut| {
         fast::encode(v, out);
@@ -87,11 +89,11 @@ wrapper!(
 );
 wrapper!(
     /// `T` in the general tier, JSON: as `volley::wire!(json: T)`.
-    Json, Tier::General, [Serialize + DeserializeOwned], general::json_encode, general::json_decode
+    Json, Tier::General, "json", [Serialize + DeserializeOwned], general::json_encode, general::json_decode
 );
 wrapper!(
     /// `T` in the general tier, MessagePack: as `volley::wire!(msgpack: T)`.
-    MsgPack, Tier::General, [Serialize + DeserializeOwned], general::msgpack_encode, general::msgpack_decode
+    MsgPack, Tier::General, "msgpack", [Serialize + DeserializeOwned], general::msgpack_encode, general::msgpack_decode
 );
 
 #[cfg(test)]

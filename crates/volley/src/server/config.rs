@@ -72,6 +72,11 @@ pub struct ServerConfig {
     /// `HOST:PORT`, or a bare `PORT` on 127.0.0.1. Started by the first `listen`. `None` (the
     /// default): no endpoint.
     pub admin: Option<String>,
+    /// Whether the server answers the built-in service `volley.reflect` (its services, methods
+    /// and their types, for tools such as `volley describe` and `volley call`: see
+    /// [`reflect`](crate::reflect)). Default on; a server that should not show what it serves
+    /// turns it off, and is then answered `UnknownService` for it like any other name.
+    pub reflection: bool,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +98,7 @@ impl Default for ServerConfig {
             tls: None,
             metrics: true,
             admin: None,
+            reflection: true,
         }
     }
 }

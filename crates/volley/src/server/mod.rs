@@ -41,7 +41,7 @@ use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-use crate::codec::Wire;
+use crate::codec::{Json, Wire};
 use crate::error::{Error, Status};
 use crate::liveness::Keepalive;
 use crate::method::Method;
@@ -49,6 +49,7 @@ use crate::metrics::MethodMetrics;
 use crate::metrics::scrape::RegistrySource;
 use crate::metrics::stats::{Counters, Snapshot};
 use crate::proto::Limits;
+use crate::reflect::{self, Catalog, HandlerKind, MethodInfo};
 use crate::transport::Address;
 use crate::transport::inproc::{self, AnyMethod, LocalServer};
 use crate::transport::socket;
@@ -70,6 +71,7 @@ pub(crate) use peer::{ConnectionScope, current_connection};
 pub struct ServerBuilder {
     router: Router,
     config: ServerConfig,
+    catalog: Catalog,
 }
 
 impl ServerBuilder {
@@ -82,7 +84,7 @@ impl ServerBuilder {
         F: Fn(Req) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
-        self.route(m, TypedHandler::from_item_fn(f))
+        self.route(m, TypedHandler::from_item_fn(f), HandlerKind::Single)
     }
 
     /// Registers an async handler whose requests are each served on their own: one that waits
@@ -96,7 +98,7 @@ impl ServerBuilder {
         F: Fn(Req) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
-        self = self.route(m, TypedHandler::from_item_fn(f));
+        self = self.route(m, TypedHandler::from_item_fn(f), HandlerKind::Single);
         self.router.set_alone(m.service(), m.name());
         self
     }
@@ -111,7 +113,7 @@ impl ServerBuilder {
         Resp: Wire,
         F: Fn(Req) -> Result<Resp, Status> + Send + Sync + 'static,
     {
-        self.route(m, TypedHandler::from_sync_fn(f))
+        self.route(m, TypedHandler::from_sync_fn(f), HandlerKind::Single)
     }
 
     /// Registers a batch handler: it receives every request that arrived together (up to
@@ -125,7 +127,7 @@ impl ServerBuilder {
         F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = BatchResult<Resp>> + Send + 'static,
     {
-        self.route(m, TypedHandler::from_batch_fn(f))
+        self.route(m, TypedHandler::from_batch_fn(f), HandlerKind::Batch)
     }
 
     /// Most requests handed to a handler per turn (default 1000).
@@ -224,9 +226,24 @@ impl ServerBuilder {
         self
     }
 
+    /// Answers the built-in reflection service `volley.reflect` (the default) or not. See
+    /// [`ServerConfig::reflection`].
+    pub fn reflection(mut self, on: bool) -> Self {
+        self.config.reflection = on;
+        self
+    }
+
     pub fn build(mut self) -> Server {
         let health = Arc::new(health::Health::new(self.router.service_names().map(str::to_string).collect()));
         self = self.serve_health(&health);
+        if self.config.reflection {
+            // The catalog lists the reflection method too, so it is filled in after its route.
+            let catalog = Arc::new(std::sync::OnceLock::new());
+            let served = catalog.clone();
+            self =
+                self.handle_fn(&reflect::LIST, move |()| Ok(Json(served.get().cloned().unwrap_or_default())));
+            let _ = catalog.set(self.catalog.clone());
+        }
         let host = Arc::new(Host::new(self.config.max_batch));
         for route in self.router.routes() {
             route.handler.attach(Arc::downgrade(&host), self.config.metrics.then(|| route.metrics.clone()));
@@ -262,10 +279,15 @@ impl ServerBuilder {
         }
         let (check, watch) = (health.clone(), health.clone());
         self.handle_fn(&crate::health::CHECK, move |req| check.check(req))
-            .handle(&crate::health::WATCH, move |req| watch.clone().watch(req))
+            .handle_each(&crate::health::WATCH, move |req| watch.clone().watch(req))
     }
 
-    fn route<Req: Wire, Resp: Wire>(mut self, m: &Method<Req, Resp>, h: TypedHandler<Req, Resp>) -> Self {
+    fn route<Req: Wire, Resp: Wire>(
+        mut self,
+        m: &Method<Req, Resp>,
+        h: TypedHandler<Req, Resp>,
+        kind: HandlerKind,
+    ) -> Self {
         let h = Arc::new(h);
         let local: AnyMethod<Req, Resp> = h.clone();
         let metrics = Arc::new(MethodMetrics::new(m.service(), m.name()));
@@ -273,6 +295,7 @@ impl ServerBuilder {
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
         }
+        self.catalog.add(m.service(), MethodInfo::of(m, kind));
         self
     }
 }
@@ -285,7 +308,11 @@ pub struct Server {
 
 impl Server {
     pub fn builder() -> ServerBuilder {
-        ServerBuilder { router: Router::default(), config: ServerConfig::default() }
+        ServerBuilder {
+            router: Router::default(),
+            config: ServerConfig::default(),
+            catalog: Catalog::default(),
+        }
     }
 
     /// Starts serving on `addr` (`inproc://NAME`, `unix:///PATH` or `tcp://HOST:PORT`) and

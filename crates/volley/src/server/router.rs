@@ -57,9 +57,9 @@ impl Router {
         self.services.contains_key(service)
     }
 
-    /// The application's services (not `volley.health`, which every server answers).
+    /// The application's services (not the ones every server adds by itself).
     pub fn service_names(&self) -> impl Iterator<Item = &str> {
-        self.services.keys().map(|s| &**s).filter(|s| *s != crate::health::SERVICE)
+        self.services.keys().map(|s| &**s).filter(|s| !crate::reflect::is_built_in(s))
     }
 
     pub fn routes(&self) -> impl Iterator<Item = &Route> {
