@@ -61,7 +61,7 @@ async fn reflection_lists_every_method_with_its_kind_and_types() {
     let catalog = client.call(&LIST, ()).await.unwrap().into_inner();
 
     let names: Vec<&str> = catalog.services.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["raw", "shop", "volley.reflect"]);
+    assert_eq!(names, ["raw", "shop", "volley.health", "volley.reflect"]);
     let buy = catalog.method("shop", "buy").unwrap();
     assert_eq!(buy.kind, HandlerKind::Single);
     assert_eq!((buy.request.tier.as_str(), buy.request.format.as_str()), ("general", "json"));
