@@ -16,8 +16,10 @@ mod conn;
 mod flow;
 mod id_table;
 mod pending;
+mod stream;
 
 pub use batch::{BatchOptions, BatchStream};
+pub use stream::{StreamOptions, Streaming};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -28,7 +30,7 @@ use tokio::runtime::Handle;
 
 use crate::codec::Wire;
 use crate::error::Error;
-use crate::method::Method;
+use crate::method::{Method, StreamMethod};
 use crate::metrics::stats::{Counters, Snapshot};
 use crate::metrics::{self, CallMeter, Timing};
 use crate::proto::Limits;
@@ -276,6 +278,47 @@ impl Client {
             meter.finish(&result);
         }
         result
+    }
+
+    /// Opens server stream `m` with `req` (`docs/PROTOCOL.md` §9.9): the server's items, as
+    /// they come, through the returned [`Streaming`]. Without a timeout: the stream lasts until
+    /// the server ends it or the `Streaming` is dropped (see [`open_stream_with`](Self::open_stream_with)).
+    pub async fn open_stream<Req: Wire, Item: Wire>(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+    ) -> Result<Streaming<Item>, Error> {
+        self.open_stream_with(m, req, StreamOptions::default()).await
+    }
+
+    /// Opens server stream `m` with options: a timeout over the whole stream (sent to the
+    /// server, which stops producing then) and the credit window.
+    pub async fn open_stream_with<Req: Wire, Item: Wire>(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+        opts: StreamOptions,
+    ) -> Result<Streaming<Item>, Error> {
+        // Inside a handler, a stream ends with the request it serves at the latest.
+        let timeout = match (opts.timeout, crate::context::current_deadline()) {
+            (t, None) => t,
+            (t, Some(_)) => Some(crate::context::budget(t.unwrap_or(Duration::MAX))),
+        };
+        let traced = trace::call_span(m.service(), m.name());
+        let trace = traced.as_ref().map(|t| &t.parent);
+        let conn = self.inner.connection().await?;
+        let Conn::Stream(c) = &*conn else {
+            return Err(Error::Usage(format!(
+                "{m:?}: streams are not available over {} (inproc)",
+                self.inner.addr
+            )));
+        };
+        let window = opts.window.max(2);
+        let id = self.inner.next_id();
+        let limits = (timeout, self.inner.config.connect_timeout);
+        let (id, rx, sent_budget) =
+            c.open_stream(id, || self.inner.next_id(), m, &req, window, limits, trace).await?;
+        Ok(Streaming::new((c.clone(), self.clone()), (id, rx), window, timeout, sent_budget))
     }
 
     /// Calls `service`/`method` with an already encoded request and returns the reply payload

@@ -23,8 +23,9 @@ use super::peer::Peer;
 use super::replies::{Replies, expire};
 use super::running::Running;
 use super::shared::Shared;
+use super::stream::ConnStreams;
 use crate::proto::encode::FrameBuilder;
-use crate::proto::message::as_str;
+use crate::proto::message::{as_str, shape};
 use crate::proto::{BatchItems, Code, Limits, Message, Names, ProtocolError};
 use crate::trace;
 use crate::transport::outbox::Outbox;
@@ -80,6 +81,9 @@ pub(super) struct Dispatch {
     /// The span of the group being built, when a subscriber records served requests: such a
     /// request is served as a group of its own, so that the handler runs in its span.
     span: Option<Span>,
+    /// The streams this connection has open, for the client's credit and cancels; they end
+    /// when the connection stops reading (this is dropped).
+    streams: ConnStreams,
 }
 
 /// The deadline a group of requests runs under: the latest of theirs, so that no request is
@@ -131,7 +135,7 @@ fn in_span<T: 'static>(fut: BoxFuture<'static, T>, span: Option<Span>) -> BoxFut
 }
 
 /// Completes at `deadline`; never without one.
-async fn sleep_until_some(deadline: Option<Instant>) {
+pub(super) async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -209,7 +213,20 @@ impl Dispatch {
                     }
                 }
                 Message::Ping { token } => self.pings.push(token),
-                Message::Cancel { id } => self.running.cancel(id),
+                Message::Cancel { id } => {
+                    self.running.cancel(id);
+                    self.streams.cancel(id);
+                }
+                Message::StreamOpen { id, shape, credit, names, ext, payload, .. } => {
+                    self.flush(c, out);
+                    self.key = None;
+                    if let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) {
+                        self.open_stream(c, out, (id, shape, credit), &names, payload, deadline);
+                    }
+                }
+                Message::StreamCredit { id, credit } => self.streams.credit(id, credit),
+                // This server takes no items: it serves server streams only (PROTOCOL.md §9.9).
+                Message::StreamItem { .. } | Message::StreamEnd { .. } => {}
                 // Auth was checked when the connection opened (a repeated one changes nothing).
                 Message::Pong { .. } | Message::Auth { .. } => {}
                 Message::GoAway { code, message } => {
@@ -319,6 +336,44 @@ impl Dispatch {
             }
         };
         self.start(c, out, in_span(fut, span), n, deadline);
+    }
+
+    /// Opens stream `id` of `names` (PROTOCOL.md §9.9), or answers why it cannot be.
+    fn open_stream(
+        &mut self,
+        c: &Conn<'_>,
+        out: &mut FrameBuilder,
+        (id, shape, credit): (u64, u8, u32),
+        names: &Names,
+        request: Bytes,
+        deadline: Option<Instant>,
+    ) {
+        let route = match c.shared.router.lookup_stream(names.service(), names.method()) {
+            Ok(route) => route,
+            Err(status) => return out.error(id, status.code, &status.message),
+        };
+        let why = match shape {
+            shape::SERVER => None,
+            shape::CLIENT | shape::BOTH => Some(format!(
+                "{names:?} is a server stream (one request, items from the server); it was opened as shape {shape}"
+            )),
+            _ => Some(format!("unknown stream shape {shape}")),
+        };
+        if let Some(why) = why {
+            return out.error(id, Code::BadRequest, &why);
+        }
+        let opened = super::stream::start(
+            &self.streams.0,
+            c.shared,
+            c.outbox,
+            c.inflight,
+            route.handler.clone(),
+            (id, credit, request),
+            deadline,
+        );
+        if let Err(status) = opened {
+            out.error(id, status.code, &status.message);
+        }
     }
 
     /// Hands the items of batch request `id` to its handler.

@@ -29,6 +29,7 @@ mod replies;
 mod router;
 mod running;
 mod shared;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -43,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::Keepalive;
-use crate::method::Method;
+use crate::method::{Method, StreamMethod};
 use crate::metrics::MethodMetrics;
 use crate::metrics::scrape::RegistrySource;
 use crate::metrics::stats::{Counters, Snapshot};
@@ -53,7 +54,7 @@ use crate::transport::inproc::{self, AnyMethod, LocalServer};
 use crate::transport::socket;
 use handler::TypedHandler;
 use host::Host;
-use router::{Route, Router};
+use router::{Route, Router, StreamRoute};
 use shared::{Observe, Shared};
 
 pub use crate::metrics::ConnectionCounts;
@@ -63,6 +64,7 @@ pub use drain::{Drain, StopSignal, shutdown_signal};
 pub use limit::ConcurrencyLimit;
 pub use peer::current_peer;
 pub(crate) use peer::{ConnectionScope, current_connection};
+pub use stream::StreamCounts;
 
 /// Registers handlers, then builds a [`Server`].
 pub struct ServerBuilder {
@@ -81,6 +83,33 @@ impl ServerBuilder {
         Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
     {
         self.route(m, TypedHandler::from_item_fn(f))
+    }
+
+    /// Registers a server-stream handler (`docs/PROTOCOL.md` §9.9): for each request it
+    /// returns a stream of items, sent to the client as it grants credit. The stream is
+    /// polled only while the client has room, so a slow reader holds the producer back; it is
+    /// dropped when the client cancels, the stream's deadline passes or the connection ends.
+    ///
+    /// ```
+    /// # use volley::{Server, Status, StreamMethod};
+    /// const COUNT: StreamMethod<u32, u32> = StreamMethod::new("demo", "count");
+    /// let builder = Server::builder().handle_stream(&COUNT, |n| async move {
+    ///     Ok(futures_util::stream::iter((0..n).map(Ok::<u32, Status>)))
+    /// });
+    /// ```
+    pub fn handle_stream<Req, Item, F, Fut, S>(mut self, m: &StreamMethod<Req, Item>, f: F) -> Self
+    where
+        Req: Wire,
+        Item: Wire,
+        F: Fn(Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<S, Status>> + Send + 'static,
+        S: futures_util::Stream<Item = Result<Item, Status>> + Send + 'static,
+    {
+        let route = StreamRoute { handler: Arc::new(stream::TypedStreamHandler::new(f)) };
+        if !self.router.insert_stream(m.service(), m.name(), route) {
+            panic!("{m:?} registered twice");
+        }
+        self
     }
 
     /// Registers a synchronous handler, for work that never waits (lookups, arithmetic, echo):
@@ -408,6 +437,11 @@ impl Server {
     /// the call): the handler's work was dropped.
     pub fn cancelled_requests(&self) -> u64 {
         self.shared.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// The server's streams so far: opened, items sent, and how they ended.
+    pub fn stream_stats(&self) -> StreamCounts {
+        self.shared.observe.streams.counts()
     }
 
     /// How many connections the server serves and has opening now.

@@ -126,6 +126,8 @@ pub(crate) struct Observe {
     /// The admin endpoint's address, once started.
     pub(crate) admin: tokio::sync::OnceCell<SocketAddr>,
     pub(crate) registry: OnceLock<Arc<dyn RegistrySource>>,
+    /// Streams opened, their items, and how they ended.
+    pub(crate) streams: super::stream::StreamStats,
 }
 
 impl Default for Observe {
@@ -136,6 +138,7 @@ impl Default for Observe {
             started: Instant::now(),
             admin: tokio::sync::OnceCell::new(),
             registry: OnceLock::new(),
+            streams: Default::default(),
         }
     }
 }
