@@ -219,13 +219,13 @@ fn stream_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStrea
     quote! {
         #[doc = #d_open]
         pub async fn #name(&self, #arg) -> ::volley::Result<::volley::Streaming<#item>> where #t: #caller {
-            <#t as #caller>::open_stream(&self.inner, #desc, #val, ::core::default::Default::default()).await
+            <#t as #caller>::open(&self.inner, #desc, #val, ::core::default::Default::default()).await
         }
 
         #[doc = #d_with]
         pub async fn #with(&self, #arg opts: ::volley::StreamOptions) -> ::volley::Result<::volley::Streaming<#item>>
         where #t: #caller {
-            <#t as #caller>::open_stream(&self.inner, #desc, #val, opts).await
+            <#t as #caller>::open(&self.inner, #desc, #val, opts).await
         }
     }
 }

@@ -189,7 +189,7 @@ impl<Req: Wire + Clone, Resp: Wire> ServiceCaller<Req, Resp> for ServiceClient {
 )]
 pub trait StreamCaller<Req, Item> {
     /// Opens the stream ([`Client::open_stream_with`]).
-    fn open_stream(
+    fn open(
         &self,
         m: &StreamMethod<Req, Item>,
         req: Req,
@@ -199,7 +199,7 @@ pub trait StreamCaller<Req, Item> {
 
 #[diagnostic::do_not_recommend]
 impl<Req: Wire, Item: Wire> StreamCaller<Req, Item> for Client {
-    fn open_stream(
+    fn open(
         &self,
         m: &StreamMethod<Req, Item>,
         req: Req,
