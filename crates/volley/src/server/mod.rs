@@ -57,14 +57,13 @@ use host::Host;
 use router::{Route, Router, StreamRoute};
 use shared::{Observe, Shared};
 
-pub use crate::metrics::ConnectionCounts;
+pub use crate::metrics::{ConnectionCounts, StreamCounts};
 pub use batch::BatchResult;
 pub use config::ServerConfig;
 pub use drain::{Drain, StopSignal, shutdown_signal};
 pub use limit::ConcurrencyLimit;
 pub use peer::current_peer;
 pub(crate) use peer::{ConnectionScope, current_connection};
-pub use stream::StreamCounts;
 
 /// Registers handlers, then builds a [`Server`].
 pub struct ServerBuilder {

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::shared::Shared;
 use crate::codec::Wire;
 use crate::error::Status;
+use crate::metrics::StreamCounts;
 use crate::proto::Code;
 use crate::proto::encode::BuildError;
 use crate::transport::outbox::Outbox;
@@ -324,31 +325,5 @@ impl StreamStats {
                 ("shutdown", n(Ended::Shutdown)),
             ],
         }
-    }
-}
-
-/// A server's streams so far ([`Server::stream_stats`](crate::Server::stream_stats)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StreamCounts {
-    /// Streams opened.
-    pub opened: u64,
-    /// Items sent, over all streams.
-    pub items: u64,
-    /// Streams ended, by reason: `done` (the producer finished), `error` (the handler's error,
-    /// a panic, a request that did not decode), `cancelled` (by the client, or its connection
-    /// closed), `deadline`, `shutdown`.
-    pub ended: [(&'static str, u64); 5],
-}
-
-impl StreamCounts {
-    /// Streams ended for `reason` (one of the names in [`ended`](Self::ended); 0 for others).
-    pub fn ended(&self, reason: &str) -> u64 {
-        self.ended.iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n)
-    }
-
-    /// Streams open now.
-    pub fn open(&self) -> u64 {
-        self.opened.saturating_sub(self.ended.iter().map(|(_, n)| n).sum())
     }
 }
