@@ -443,3 +443,42 @@ async fn a_service_trait_serves_and_opens_streams() {
     assert_eq!(direct.count().await, 1);
     server.shutdown().await;
 }
+
+/// Through the registry: a `ServiceClient` opens each stream on one instance picked by the
+/// balancing policy, and the stream stays there (its items all come from that instance);
+/// in relayed mode streams are refused with a clear error.
+#[tokio::test]
+async fn a_service_client_opens_streams_on_instances_and_the_relay_refuses_them() {
+    use volley::ServiceClient;
+    use volley::controller::{Controller, ControllerConfig};
+    use volley::registry::Registry;
+    use volley::service_client::{Mode, ServiceConfig};
+    let controller = Controller::new(ControllerConfig::default().settle(Duration::ZERO));
+    let caddr = controller.listen("tcp://127.0.0.1:0").await.unwrap();
+    let registry = Registry::connect(&caddr.to_string()).await.unwrap();
+    let mut servers = Vec::new();
+    for i in 0..2u64 {
+        let lines = Lines((0..10).map(|n| format!("instance {i} line {n}")).collect());
+        let server = Server::builder().serve(LogServer::new(lines)).build();
+        server.listen_and_register("tcp://127.0.0.1:0", &registry).await.unwrap();
+        servers.push(server);
+    }
+    let log = LogClient::new(ServiceClient::with_registry(registry.clone(), ServiceConfig::default()));
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let lines: Vec<String> = log.tail(0).await.unwrap().map(Result::unwrap).collect().await;
+        assert_eq!(lines.len(), 10);
+        let instance = lines[0].split(" line").next().unwrap().to_string();
+        assert!(lines.iter().all(|l| l.starts_with(&instance)), "a stream moved: {lines:?}");
+        seen.insert(instance);
+    }
+    assert_eq!(seen.len(), 2, "the opens were balanced over both instances: {seen:?}");
+
+    let relayed =
+        LogClient::new(ServiceClient::with_registry(registry, ServiceConfig::default().mode(Mode::Relayed)));
+    let r = relayed.tail(0).await;
+    assert!(matches!(&r, Err(Error::Usage(m)) if m.contains("relay")), "{r:?}");
+    for s in servers {
+        s.shutdown().await;
+    }
+}

@@ -180,12 +180,11 @@ impl<Req: Wire + Clone, Resp: Wire> ServiceCaller<Req, Resp> for ServiceClient {
 }
 
 /// Opens server streams whose request type is `Req` and item type `Item`: implemented by
-/// [`Client`] for every pair of [`Wire`] types. (A stream stays on the connection that opened
-/// it; a [`ServiceClient`] does not open streams yet.)
+/// [`Client`] and [`ServiceClient`] for every pair of [`Wire`] types. A stream stays on the
+/// connection (the instance) that opened it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot open a stream with request `{Req}` and items `{Item}`",
-    note = "a `Client` opens streams whose request and items are wire types (`volley::wire!`); a \
-            `ServiceClient` does not open streams yet: use the `Client` of one instance"
+    note = "a `Client` or a `ServiceClient` opens streams whose request and items are wire types (`volley::wire!`)"
 )]
 pub trait StreamCaller<Req, Item> {
     /// Opens the stream ([`Client::open_stream_with`]).
@@ -199,6 +198,18 @@ pub trait StreamCaller<Req, Item> {
 
 #[diagnostic::do_not_recommend]
 impl<Req: Wire, Item: Wire> StreamCaller<Req, Item> for Client {
+    fn open(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<Streaming<Item>, Error>> + Send {
+        self.open_stream_with(m, req, opts)
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<Req: Wire, Item: Wire> StreamCaller<Req, Item> for ServiceClient {
     fn open(
         &self,
         m: &StreamMethod<Req, Item>,
