@@ -9,11 +9,11 @@ use tokio::sync::Notify;
 
 use super::flow::{FlowControl, FlowLimits, InFlightBytes};
 use super::pending::{Inserted, Outcome, Pending, Reply, Waiter, waiter};
-use super::stream::{Event as StreamEvent, Streams};
+use super::stream::{Event as StreamEvent, Registered, Streams};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::{Action, Keepalive, Liveness};
-use crate::method::{Method, StreamMethod};
+use crate::method::Method;
 use crate::metrics::stats::Counters;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
 use crate::proto::extensions::FEATURE_EXTENSIONS;
@@ -23,7 +23,6 @@ use crate::proto::{Code, Extensions, ItemResult, Limits, Message, TraceParent};
 use crate::transport::outbox::{Outbox, lifo_runtime};
 use crate::transport::reader::{FrameReader, ReadError};
 use crate::transport::stream::ByteStream;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 pub(crate) struct StreamConn {
@@ -353,10 +352,19 @@ impl StreamConn {
                 stream_events.push((id, StreamEvent::End));
                 None
             }
-            // An error ends a stream as it ends a call: the stream's, if one has its id.
+            // An error ends a stream as it ends a call: the stream's, if one has its id; and
+            // a reply ends a client stream.
             Message::Error { id, code, message } if streams && self.streams.contains(id) => {
                 let e = Error::Remote(Status::new(code, as_str(&message)));
                 stream_events.push((id, StreamEvent::Failed(e)));
+                None
+            }
+            Message::Reply { id, payload } if streams && self.streams.contains(id) => {
+                stream_events.push((id, StreamEvent::Reply(payload)));
+                None
+            }
+            Message::StreamCredit { id, credit } => {
+                stream_events.push((id, StreamEvent::Credit(credit)));
                 None
             }
             Message::Reply { id, payload } => Some((id, Ok(Reply::One(payload)))),
@@ -379,8 +387,7 @@ impl StreamConn {
             | Message::Request { .. }
             | Message::BatchRequest { .. }
             | Message::Cancel { .. }
-            | Message::StreamOpen { .. }
-            | Message::StreamCredit { .. } => None,
+            | Message::StreamOpen { .. } => None,
         });
         let late = self.pending.take_batch(replies, done);
         self.streams.deliver(stream_events);
@@ -624,20 +631,21 @@ impl StreamConn {
         self.pending.len()
     }
 
-    /// Opens server stream `m` with `req` (PROTOCOL.md §9.9) under id `id` (or the next free
-    /// one): `window` items of credit, and `timeout` as the stream's budget. Returns the id
-    /// taken, the stream's events and whether the budget was sent.
+    /// Opens a stream of `names` and `shape` (PROTOCOL.md §9.9) under id `id` (or the next
+    /// free one): `window` items of credit for the server, `timeout` as the stream's budget,
+    /// `request` writing the open's payload. Returns the id taken, the stream's events (and
+    /// credit, if the client sends items) and whether the budget was sent.
     #[allow(clippy::too_many_arguments)]
-    pub async fn open_stream<Req: Wire, Item>(
+    pub async fn open_stream(
         &self,
         mut id: u64,
         mut next_id: impl FnMut() -> u64,
-        m: &StreamMethod<Req, Item>,
-        req: &Req,
+        (names, shape): ((&str, &str), u8),
+        request: impl FnOnce(&mut bytes::BytesMut) -> Result<(), crate::codec::CodecError>,
         window: u32,
         (timeout, preamble_within): (Option<Duration>, Duration),
         trace: Option<&TraceParent>,
-    ) -> Result<(u64, mpsc::UnboundedReceiver<StreamEvent>, bool), Error> {
+    ) -> Result<(u64, Registered, bool), Error> {
         // Only the server's preamble says whether it takes streams.
         let wait = timeout.unwrap_or(preamble_within).min(preamble_within);
         let left = if self.preamble_read.load(Ordering::Acquire) {
@@ -658,9 +666,10 @@ impl StreamConn {
                 self.peer
             )));
         }
-        let rx = loop {
-            match self.streams.insert(id) {
-                Some(rx) => break rx,
+        let sends = shape != crate::proto::message::shape::SERVER;
+        let registered = loop {
+            match self.streams.insert(id, sends) {
+                Some(r) => break r,
                 None => id = next_id(),
             }
         };
@@ -670,11 +679,9 @@ impl StreamConn {
             return Err(e.clone());
         }
         let ext = self.extensions(left.unwrap_or(Duration::MAX), trace);
-        let names = (m.service(), m.name());
-        let open = (crate::proto::message::shape::SERVER, window);
-        let pushed = self.outbox.push(|fb| fb.stream_open(id, 0, &ext, names, open, |b| req.encode(b)));
+        let pushed = self.outbox.push(|fb| fb.stream_open(id, 0, &ext, names, (shape, window), request));
         match pushed {
-            Ok(Ok(())) => Ok((id, rx, ext.deadline_micros.is_some())),
+            Ok(Ok(())) => Ok((id, registered, ext.deadline_micros.is_some())),
             Ok(Err(e)) => {
                 self.streams.remove(id);
                 Err(build_error(e))
@@ -688,6 +695,24 @@ impl StreamConn {
                     .unwrap_or_else(|| Error::Connection(format!("connection to {} is closed", self.peer))))
             }
         }
+    }
+
+    /// Sends one item of stream `id` (its credit taken by the caller).
+    pub fn send_item<T: Wire>(&self, id: u64, item: &T) -> Result<(), Error> {
+        match self.outbox.push(|fb| fb.stream_item(id, |b| item.encode(b))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(build_error(e)),
+            Err(_closed) => Err(self
+                .ended
+                .get()
+                .cloned()
+                .unwrap_or_else(|| Error::Connection(format!("connection to {} is closed", self.peer)))),
+        }
+    }
+
+    /// Sends the end of the client's items on stream `id`.
+    pub fn end_items(&self, id: u64) {
+        let _ = self.outbox.push(|fb| fb.stream_end(id));
     }
 
     /// Grants stream `id` `credit` more items.

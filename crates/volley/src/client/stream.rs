@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 
 use super::conn::StreamConn;
 use crate::codec::Wire;
@@ -24,6 +24,10 @@ use crate::error::Error;
 
 /// Default window of a stream: items the server may send ahead of the caller.
 pub const DEFAULT_WINDOW: u32 = 256;
+
+/// Credit a stream's sender may hold: far beyond any window, far below what the semaphore
+/// allows (it would panic), so a server that grants without end cannot crash the client.
+const MAX_SEND_CREDIT: usize = 1 << 40;
 
 /// Options of one stream.
 #[derive(Debug, Clone, Copy)]
@@ -61,28 +65,53 @@ impl StreamOptions {
 pub(crate) enum Event {
     Item(Bytes),
     End,
+    /// A client stream's one reply.
+    Reply(Bytes),
     Failed(Error),
+    /// The server grants room for more of the client's items (kept by the table).
+    Credit(u32),
+}
+
+/// One open stream: where its events go, and, if the client sends items on it, the credit
+/// the server granted.
+struct Slot {
+    tx: mpsc::UnboundedSender<Event>,
+    credit: Option<Arc<Semaphore>>,
+}
+
+impl Drop for Slot {
+    /// The stream ended: a sender waiting for credit learns it.
+    fn drop(&mut self) {
+        if let Some(c) = &self.credit {
+            c.close();
+        }
+    }
 }
 
 /// The streams of one connection, by id.
 #[derive(Default)]
 pub(crate) struct Streams {
-    by_id: Mutex<FxHashMap<u64, mpsc::UnboundedSender<Event>>>,
+    by_id: Mutex<FxHashMap<u64, Slot>>,
     /// How many are open: the reader looks at the table only when some are.
     open: AtomicUsize,
 }
 
+/// A stream's events and, if the client sends on it, its credit.
+pub(crate) type Registered = (mpsc::UnboundedReceiver<Event>, Option<Arc<Semaphore>>);
+
 impl Streams {
-    /// Registers stream `id`; `None` if it is open already.
-    pub fn insert(&self, id: u64) -> Option<mpsc::UnboundedReceiver<Event>> {
+    /// Registers stream `id` (with credit for the client's items if it `sends`); `None` if it
+    /// is open already.
+    pub fn insert(&self, id: u64, sends: bool) -> Option<Registered> {
         let mut by_id = self.by_id.lock();
         if by_id.contains_key(&id) {
             return None;
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        by_id.insert(id, tx);
+        let credit = sends.then(|| Arc::new(Semaphore::new(0)));
+        by_id.insert(id, Slot { tx, credit: credit.clone() });
         self.open.store(by_id.len(), Ordering::Release);
-        Some(rx)
+        Some((rx, credit))
     }
 
     /// Forgets stream `id`; whether it was open.
@@ -110,9 +139,20 @@ impl Streams {
         }
         let mut by_id = self.by_id.lock();
         for (id, ev) in events.drain(..) {
-            let last = !matches!(ev, Event::Item(_));
-            let Some(tx) = by_id.get(&id) else { continue };
-            let _ = tx.send(ev);
+            let Some(slot) = by_id.get(&id) else { continue };
+            let last = match ev {
+                Event::Credit(n) => {
+                    if let Some(c) = &slot.credit {
+                        c.add_permits(
+                            (n as usize).min(MAX_SEND_CREDIT.saturating_sub(c.available_permits())),
+                        );
+                    }
+                    continue;
+                }
+                Event::Item(_) => false,
+                _ => true,
+            };
+            let _ = slot.tx.send(ev);
             if last {
                 by_id.remove(&id);
             }
@@ -123,8 +163,8 @@ impl Streams {
     /// The connection ended: every stream ends with `err`.
     pub fn fail_all(&self, err: &Error) {
         let mut by_id = self.by_id.lock();
-        for (_, tx) in by_id.drain() {
-            let _ = tx.send(Event::Failed(err.clone()));
+        for (_, slot) in by_id.drain() {
+            let _ = slot.tx.send(Event::Failed(err.clone()));
         }
         self.open.store(0, Ordering::Release);
     }
@@ -217,7 +257,7 @@ impl<T: Wire> Stream for Streaming<T> {
                 }
                 Poll::Ready(Some(T::decode(payload).map_err(|e| Error::Decode(e.0))))
             }
-            Poll::Ready(Some(Event::End)) => {
+            Poll::Ready(Some(Event::End | Event::Reply(_) | Event::Credit(_))) => {
                 this.done = true;
                 Poll::Ready(None)
             }
@@ -260,5 +300,130 @@ impl<T> Drop for Streaming<T> {
 impl<T> std::fmt::Debug for Streaming<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Streaming").field("id", &self.id).field("done", &self.done).finish()
+    }
+}
+
+/// The sending half of a client or both-way stream: `send` waits for the server's credit (a
+/// server whose handler reads slowly holds the sender back), `finish` says the last item was
+/// sent. Dropped unfinished, it finishes.
+pub struct StreamSender<T> {
+    conn: Arc<StreamConn>,
+    _client: super::Client,
+    id: u64,
+    credit: Arc<Semaphore>,
+    finished: bool,
+    _item: PhantomData<fn(T)>,
+}
+
+impl<T: Wire> StreamSender<T> {
+    pub(crate) fn new(conn: Arc<StreamConn>, client: super::Client, id: u64, credit: Arc<Semaphore>) -> Self {
+        StreamSender { conn, _client: client, id, credit, finished: false, _item: PhantomData }
+    }
+
+    /// Sends `item` once the server has room for it. Fails once the stream has ended (the
+    /// stream's reader, or `finish` of a client stream, says why) or was finished here.
+    pub async fn send(&mut self, item: T) -> Result<(), Error> {
+        if self.finished {
+            return Err(Error::Usage("the stream was finished: it takes no more items".into()));
+        }
+        self.credit
+            .acquire()
+            .await
+            .map_err(|_| Error::Usage("the stream has ended: it takes no more items".into()))?
+            .forget();
+        self.conn.send_item(self.id, &item)
+    }
+
+    /// Sends the end of the items (the server's handler sees its stream of requests end).
+    pub fn finish(&mut self) {
+        if !std::mem::replace(&mut self.finished, true) {
+            self.conn.end_items(self.id);
+        }
+    }
+}
+
+impl<T> Drop for StreamSender<T> {
+    fn drop(&mut self) {
+        if !std::mem::replace(&mut self.finished, true) {
+            self.conn.end_items(self.id);
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for StreamSender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamSender").field("id", &self.id).field("finished", &self.finished).finish()
+    }
+}
+
+/// A client stream being written: `send` its items, then `finish` for the server's one
+/// reply. Dropped before `finish`, it cancels the stream.
+pub struct Upload<Req, Resp> {
+    sender: StreamSender<Req>,
+    rx: mpsc::UnboundedReceiver<Event>,
+    timeout: Option<(tokio::time::Instant, Duration)>,
+    sent_budget: bool,
+    done: bool,
+    _reply: PhantomData<fn() -> Resp>,
+}
+
+impl<Req: Wire, Resp: Wire> Upload<Req, Resp> {
+    pub(crate) fn new(
+        sender: StreamSender<Req>,
+        rx: mpsc::UnboundedReceiver<Event>,
+        timeout: Option<Duration>,
+        sent_budget: bool,
+    ) -> Self {
+        let timeout = timeout.map(|t| (tokio::time::Instant::now() + t, t));
+        Upload { sender, rx, timeout, sent_budget, done: false, _reply: PhantomData }
+    }
+
+    /// Sends one item (see [`StreamSender::send`]); within the stream's timeout.
+    pub async fn send(&mut self, item: Req) -> Result<(), Error> {
+        match self.timeout {
+            None => self.sender.send(item).await,
+            Some((at, t)) => {
+                tokio::time::timeout_at(at, self.sender.send(item)).await.map_err(|_| Error::Timeout(t))?
+            }
+        }
+    }
+
+    /// Ends the items and waits for the server's reply.
+    pub async fn finish(mut self) -> Result<Resp, Error> {
+        self.sender.finish();
+        let event = match self.timeout {
+            None => self.rx.recv().await,
+            Some((at, t)) => match tokio::time::timeout_at(at, self.rx.recv()).await {
+                Ok(ev) => ev,
+                Err(_) => return Err(Error::Timeout(t)),
+            },
+        };
+        self.done = true;
+        match event {
+            Some(Event::Reply(payload)) => Resp::decode(payload).map_err(|e| Error::Decode(e.0)),
+            Some(Event::Failed(Error::Remote(s)))
+                if s.code == crate::Code::DeadlineExceeded && self.sent_budget && self.timeout.is_some() =>
+            {
+                Err(Error::Timeout(self.timeout.map(|(_, t)| t).unwrap_or_default()))
+            }
+            Some(Event::Failed(e)) => Err(e),
+            Some(other) => Err(Error::Decode(format!("a client stream ended with {other:?}, not a reply"))),
+            None => Err(Error::Connection("the connection dropped the stream".into())),
+        }
+    }
+}
+
+impl<Req, Resp> Drop for Upload<Req, Resp> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sender.finished = true;
+            self.sender.conn.cancel_stream(self.sender.id);
+        }
+    }
+}
+
+impl<Req, Resp> std::fmt::Debug for Upload<Req, Resp> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upload").field("id", &self.sender.id).finish()
     }
 }

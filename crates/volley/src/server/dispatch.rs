@@ -225,8 +225,8 @@ impl Dispatch {
                     }
                 }
                 Message::StreamCredit { id, credit } => self.streams.credit(id, credit),
-                // This server takes no items: it serves server streams only (PROTOCOL.md §9.9).
-                Message::StreamItem { .. } | Message::StreamEnd { .. } => {}
+                Message::StreamItem { id, payload } => self.streams.item(id, Some(payload)),
+                Message::StreamEnd { id } => self.streams.item(id, None),
                 // Auth was checked when the connection opened (a repeated one changes nothing).
                 Message::Pong { .. } | Message::Auth { .. } => {}
                 Message::GoAway { code, message } => {
@@ -352,14 +352,19 @@ impl Dispatch {
             Ok(route) => route,
             Err(status) => return out.error(id, status.code, &status.message),
         };
-        let why = match shape {
-            shape::SERVER => None,
-            shape::CLIENT | shape::BOTH => Some(format!(
-                "{names:?} is a server stream (one request, items from the server); it was opened as shape {shape}"
-            )),
-            _ => Some(format!("unknown stream shape {shape}")),
-        };
-        if let Some(why) = why {
+        let served = route.handler.shape();
+        if shape != served {
+            let name = |s| match s {
+                shape::SERVER => "a server stream",
+                shape::CLIENT => "a client stream",
+                shape::BOTH => "a both-way stream",
+                _ => "an unknown shape",
+            };
+            let why = format!(
+                "{names:?} is {} (shape {served}); it was opened as {} ({shape})",
+                name(served),
+                name(shape)
+            );
             return out.error(id, Code::BadRequest, &why);
         }
         let opened = super::stream::start(
@@ -371,8 +376,11 @@ impl Dispatch {
             (id, credit, request),
             deadline,
         );
-        if let Err(status) = opened {
-            out.error(id, status.code, &status.message);
+        match opened {
+            // A stream that takes the client's items grants it its first window at once.
+            Ok(()) if shape != shape::SERVER => out.stream_credit(id, super::stream::IN_WINDOW),
+            Ok(()) => {}
+            Err(status) => out.error(id, status.code, &status.message),
         }
     }
 

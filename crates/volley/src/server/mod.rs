@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::Keepalive;
-use crate::method::{Method, StreamMethod};
+use crate::method::{BidiStreamMethod, ClientStreamMethod, Method, StreamMethod};
 use crate::metrics::MethodMetrics;
 use crate::metrics::scrape::RegistrySource;
 use crate::metrics::stats::{Counters, Snapshot};
@@ -64,6 +64,7 @@ pub use drain::{Drain, StopSignal, shutdown_signal};
 pub use limit::ConcurrencyLimit;
 pub use peer::current_peer;
 pub(crate) use peer::{ConnectionScope, current_connection};
+pub use stream::Incoming;
 
 /// Registers handlers, then builds a [`Server`].
 pub struct ServerBuilder {
@@ -96,7 +97,7 @@ impl ServerBuilder {
     ///     Ok(futures_util::stream::iter((0..n).map(Ok::<u32, Status>)))
     /// });
     /// ```
-    pub fn handle_stream<Req, Item, F, Fut, S>(mut self, m: &StreamMethod<Req, Item>, f: F) -> Self
+    pub fn handle_stream<Req, Item, F, Fut, S>(self, m: &StreamMethod<Req, Item>, f: F) -> Self
     where
         Req: Wire,
         Item: Wire,
@@ -104,9 +105,39 @@ impl ServerBuilder {
         Fut: Future<Output = Result<S, Status>> + Send + 'static,
         S: futures_util::Stream<Item = Result<Item, Status>> + Send + 'static,
     {
-        let route = StreamRoute { handler: Arc::new(stream::TypedStreamHandler::new(f)) };
-        if !self.router.insert_stream(m.service(), m.name(), route) {
-            panic!("{m:?} registered twice");
+        self.stream_route(m.service(), m.name(), Arc::new(stream::TypedStreamHandler::new(f)))
+    }
+
+    /// Registers a client-stream handler (`docs/PROTOCOL.md` §9.9): it reads the client's
+    /// items from an [`Incoming`] (taking them grants the client room for more) and returns
+    /// one reply.
+    pub fn handle_client_stream<Req, Resp, F, Fut>(self, m: &ClientStreamMethod<Req, Resp>, f: F) -> Self
+    where
+        Req: Wire,
+        Resp: Wire,
+        F: Fn(Incoming<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
+    {
+        self.stream_route(m.service(), m.name(), Arc::new(stream::ClientStreamHandler::new(f)))
+    }
+
+    /// Registers a both-way stream handler (`docs/PROTOCOL.md` §9.9): it reads the client's
+    /// items from an [`Incoming`] and returns a stream of its own items, sent as the client
+    /// grants credit (as for [`handle_stream`](Self::handle_stream)).
+    pub fn handle_bidi_stream<Req, Item, F, Fut, S>(self, m: &BidiStreamMethod<Req, Item>, f: F) -> Self
+    where
+        Req: Wire,
+        Item: Wire,
+        F: Fn(Incoming<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<S, Status>> + Send + 'static,
+        S: futures_util::Stream<Item = Result<Item, Status>> + Send + 'static,
+    {
+        self.stream_route(m.service(), m.name(), Arc::new(stream::BidiStreamHandler::new(f)))
+    }
+
+    fn stream_route(mut self, service: &str, method: &str, handler: Arc<dyn stream::StreamHandler>) -> Self {
+        if !self.router.insert_stream(service, method, StreamRoute { handler }) {
+            panic!("{service}/{method} registered twice");
         }
         self
     }

@@ -15,7 +15,7 @@ use futures_util::stream::BoxStream;
 use futures_util::{FutureExt, Stream, StreamExt};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +25,7 @@ use crate::error::Status;
 use crate::metrics::StreamCounts;
 use crate::proto::Code;
 use crate::proto::encode::BuildError;
+use crate::proto::message::shape;
 use crate::transport::outbox::Outbox;
 
 /// Most items encoded into one bundle before it is handed to the writer: enough to amortize
@@ -38,10 +39,26 @@ const MAX_CREDIT: usize = 1 << 40;
 type OpenFn<Req, Item> =
     dyn Fn(Req) -> BoxFuture<'static, Result<BoxStream<'static, Result<Item, Status>>, Status>> + Send + Sync;
 
-/// The handler of one stream method, its types erased: it decodes the request, opens the
-/// handler's stream and sends its items through `sink`, and says how the stream ended.
+/// The handler of one stream method, its types erased: it decodes the request (or takes the
+/// client's items from `input`), sends its items through `sink`, and says how its side of the
+/// stream ended.
 pub(crate) trait StreamHandler: Send + Sync {
-    fn serve(&self, request: Bytes, sink: Sink) -> BoxFuture<'static, Result<(), Status>>;
+    /// The stream's shape (`proto::message::shape`).
+    fn shape(&self) -> u8;
+    fn serve(&self, request: Bytes, input: Option<Input>, sink: Sink) -> BoxFuture<'static, Finished>;
+}
+
+/// How a handler's side of a stream ended: `Ok(None)` for `StreamEnd`, `Ok(Some(reply))` for
+/// a client stream's `Reply`, or the error.
+pub(crate) type Finished = Result<Option<Bytes>, Status>;
+
+/// Items the server grants a client (or both-way) stream at its open, and again each half of
+/// it the handler takes.
+pub(crate) const IN_WINDOW: u32 = 64;
+
+/// The client's items of one stream as the connection hands them over (`None`: its end).
+pub(crate) struct Input {
+    rx: mpsc::UnboundedReceiver<Option<Bytes>>,
 }
 
 /// A stream method's handler, typed.
@@ -65,16 +82,138 @@ impl<Req: Wire, Item: Wire> TypedStreamHandler<Req, Item> {
 }
 
 impl<Req: Wire, Item: Wire> StreamHandler for TypedStreamHandler<Req, Item> {
-    fn serve(&self, request: Bytes, sink: Sink) -> BoxFuture<'static, Result<(), Status>> {
+    fn shape(&self) -> u8 {
+        shape::SERVER
+    }
+
+    fn serve(&self, request: Bytes, _: Option<Input>, sink: Sink) -> BoxFuture<'static, Finished> {
         let open = self.open.clone();
         Box::pin(async move {
             let req = Req::decode(request)
                 .map_err(|e| Status::new(Code::BadRequest, format!("request does not decode: {}", e.0)))?;
             let items = open(req).await?;
-            // A producer that panics ends the stream with `Panicked` after the items it made.
-            let items = AssertUnwindSafe(items).catch_unwind().map(|r| r.unwrap_or_else(|_| Err(panicked())));
-            sink.send_all(Box::pin(items)).await
+            sink.send_all(items).await.map(|()| None)
         })
+    }
+}
+
+type InFn<Req, Out> = dyn Fn(Incoming<Req>) -> BoxFuture<'static, Result<Out, Status>> + Send + Sync;
+
+/// A client stream's handler (shape 2): the client's items in, one reply out.
+pub(crate) struct ClientStreamHandler<Req, Resp> {
+    f: Arc<InFn<Req, Resp>>,
+}
+
+impl<Req: Wire, Resp: Wire> ClientStreamHandler<Req, Resp> {
+    pub(crate) fn new<F, Fut>(f: F) -> Self
+    where
+        F: Fn(Incoming<Req>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Resp, Status>> + Send + 'static,
+    {
+        ClientStreamHandler { f: Arc::new(move |input| -> BoxFuture<'static, _> { Box::pin(f(input)) }) }
+    }
+}
+
+impl<Req: Wire, Resp: Wire> StreamHandler for ClientStreamHandler<Req, Resp> {
+    fn shape(&self) -> u8 {
+        shape::CLIENT
+    }
+
+    fn serve(&self, _: Bytes, input: Option<Input>, sink: Sink) -> BoxFuture<'static, Finished> {
+        let f = self.f.clone();
+        Box::pin(async move {
+            let reply = f(sink.incoming(input)).await?;
+            let mut b = bytes::BytesMut::new();
+            reply.encode(&mut b).map_err(|e| {
+                Status::new(Code::Internal, format!("the reply could not be encoded: {}", e.0))
+            })?;
+            Ok(Some(b.freeze()))
+        })
+    }
+}
+
+/// A both-way stream's handler (shape 3): the client's items in, the handler's items out.
+pub(crate) struct BidiStreamHandler<Req, Item> {
+    f: Arc<InFn<Req, BoxStream<'static, Result<Item, Status>>>>,
+}
+
+impl<Req: Wire, Item: Wire> BidiStreamHandler<Req, Item> {
+    pub(crate) fn new<F, Fut, S>(f: F) -> Self
+    where
+        F: Fn(Incoming<Req>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<S, Status>> + Send + 'static,
+        S: Stream<Item = Result<Item, Status>> + Send + 'static,
+    {
+        let f = move |input| -> BoxFuture<'static, _> {
+            let fut = f(input);
+            Box::pin(async move { fut.await.map(|s| Box::pin(s) as BoxStream<'static, _>) })
+        };
+        BidiStreamHandler { f: Arc::new(f) }
+    }
+}
+
+impl<Req: Wire, Item: Wire> StreamHandler for BidiStreamHandler<Req, Item> {
+    fn shape(&self) -> u8 {
+        shape::BOTH
+    }
+
+    fn serve(&self, _: Bytes, input: Option<Input>, sink: Sink) -> BoxFuture<'static, Finished> {
+        let f = self.f.clone();
+        Box::pin(async move {
+            let items = f(sink.incoming(input)).await?;
+            sink.send_all(items).await.map(|()| None)
+        })
+    }
+}
+
+/// The client's items of a client or both-way stream, as its handler reads them: a `Stream`
+/// of requests that ends after the client's last. Taking items grants the client credit for
+/// more, so a handler that reads slowly holds the client's sender back.
+pub struct Incoming<T> {
+    rx: mpsc::UnboundedReceiver<Option<Bytes>>,
+    outbox: Arc<Outbox>,
+    id: u64,
+    taken: u32,
+    done: bool,
+    _item: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Wire> Stream for Incoming<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(Some(Some(payload))) => {
+                this.taken += 1;
+                if this.taken >= IN_WINDOW / 2 {
+                    let (id, n) = (this.id, std::mem::take(&mut this.taken));
+                    let _ = this.outbox.push(|fb| fb.stream_credit(id, n));
+                }
+                let item = T::decode(payload).map_err(|e| {
+                    Status::new(Code::BadRequest, format!("a stream item does not decode: {}", e.0))
+                });
+                Poll::Ready(Some(item))
+            }
+            Poll::Ready(Some(None) | None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Incoming<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming").field("id", &self.id).field("done", &self.done).finish()
     }
 }
 
@@ -87,11 +226,26 @@ pub(crate) struct Sink {
 }
 
 impl Sink {
+    /// The client's items, for the handler (none if the shape has none).
+    fn incoming<T>(&self, input: Option<Input>) -> Incoming<T> {
+        let rx = input.map_or_else(|| mpsc::unbounded_channel().1, |i| i.rx);
+        Incoming {
+            rx,
+            outbox: self.outbox.clone(),
+            id: self.id,
+            taken: 0,
+            done: false,
+            _item: std::marker::PhantomData,
+        }
+    }
+
     /// Sends every item of `items` as credit allows; the stream's end is the caller's to send.
+    /// A producer that panics ends the stream with `Panicked` after the items it made.
     async fn send_all<Item: Wire>(
         &self,
-        mut items: BoxStream<'static, Result<Item, Status>>,
+        items: BoxStream<'static, Result<Item, Status>>,
     ) -> Result<(), Status> {
+        let mut items = AssertUnwindSafe(items).catch_unwind().map(|r| r.unwrap_or_else(|_| Err(panicked())));
         let mut ready: Vec<Item> = Vec::new();
         loop {
             // Credit first: a consumer that stopped taking items stops the producer here.
@@ -159,6 +313,8 @@ fn gone() -> Status {
 pub(super) struct Open {
     credit: Semaphore,
     cancelled: CancellationToken,
+    /// Where the client's items go (client and both-way streams).
+    items: Option<mpsc::UnboundedSender<Option<Bytes>>>,
 }
 
 /// The streams of one connection, by id, for the client's credit and cancels.
@@ -171,17 +327,34 @@ pub(super) struct OpenStreams {
 
 impl OpenStreams {
     /// Registers stream `id` with `credit`; `None` if a stream of that id is open already.
-    fn open(&self, id: u64, credit: u32) -> Option<Arc<Open>> {
+    /// (With a channel for its items if it `takes_items`.)
+    fn open(&self, id: u64, credit: u32, takes_items: bool) -> Option<(Arc<Open>, Option<Input>)> {
+        let (items, input) = match takes_items {
+            true => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                (Some(tx), Some(Input { rx }))
+            }
+            false => (None, None),
+        };
         let open = Arc::new(Open {
             credit: Semaphore::new((credit as usize).min(MAX_CREDIT)),
             cancelled: self.gone.child_token(),
+            items,
         });
         let mut by_id = self.by_id.lock();
         if by_id.contains_key(&id) {
             return None;
         }
         by_id.insert(id, open.clone());
-        Some(open)
+        Some((open, input))
+    }
+
+    /// An item of stream `id` from the client (`None`: its end). Ignored for a stream that
+    /// takes none, or one that has ended (the item crossed the end).
+    pub fn item(&self, id: u64, item: Option<Bytes>) {
+        if let Some(tx) = self.by_id.lock().get(&id).and_then(|o| o.items.as_ref()) {
+            let _ = tx.send(item);
+        }
     }
 
     /// More credit for stream `id`; unknown ids are fine (the credit crossed the stream's end).
@@ -260,13 +433,14 @@ pub(super) fn start(
     (id, credit, request): (u64, u32, Bytes),
     deadline: Option<Instant>,
 ) -> Result<(), Status> {
-    let Some(open) = streams.open(id, credit) else {
+    let takes_items = handler.shape() != shape::SERVER;
+    let Some((open, input)) = streams.open(id, credit, takes_items) else {
         return Err(Status::new(Code::BadRequest, format!("stream id {id:#x} is open already")));
     };
     let stats = &shared.observe.streams;
     stats.opened.fetch_add(1, Ordering::Relaxed);
     let sink = Sink { id, outbox: outbox.clone(), open: open.clone(), shared: shared.clone() };
-    let work = AssertUnwindSafe(handler.serve(request, sink)).catch_unwind();
+    let work = AssertUnwindSafe(handler.serve(request, input, sink)).catch_unwind();
     let (streams, shared, outbox) = (streams.clone(), shared.clone(), outbox.clone());
     inflight.spawn(async move {
         let (how, ended) = tokio::select! {
@@ -289,8 +463,13 @@ pub(super) fn start(
         shared.observe.streams.ended(how);
         // A cancelled stream's client has forgotten its id, or its connection is gone.
         if how != Ended::Cancelled {
-            let _ = outbox.push(|fb| match &ended {
-                Ok(()) => fb.stream_end(id),
+            let _ = outbox.push(|fb| match ended {
+                Ok(None) => fb.stream_end(id),
+                Ok(Some(reply)) => {
+                    if let Err(e) = fb.reply_bytes(id, reply) {
+                        fb.error(id, Code::TooLarge, &format!("the reply does not fit in a frame: {e:?}"));
+                    }
+                }
                 Err(s) => fb.error(id, s.code, &s.message),
             });
         }
