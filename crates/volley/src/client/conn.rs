@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 
 use super::flow::{FlowControl, FlowLimits, InFlightBytes};
 use super::pending::{Inserted, Outcome, Pending, Reply, Waiter, waiter};
-use super::stream::{Event as StreamEvent, Registered, Streams};
+use super::stream_table::{Event as StreamEvent, Registered, Streams};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::{Action, Keepalive, Liveness};

@@ -17,6 +17,7 @@ mod flow;
 mod id_table;
 mod pending;
 mod stream;
+mod stream_table;
 
 pub use batch::{BatchOptions, BatchStream};
 pub use stream::{StreamOptions, StreamSender, Streaming, Upload};
@@ -30,12 +31,11 @@ use tokio::runtime::Handle;
 
 use crate::codec::Wire;
 use crate::error::Error;
-use crate::method::{BidiStreamMethod, ClientStreamMethod, Method, StreamMethod};
+use crate::method::Method;
 use crate::metrics::stats::{Counters, Snapshot};
 use crate::metrics::{self, CallMeter, Timing};
 use crate::proto::Limits;
 use crate::proto::message::FLAG_IDEMPOTENT;
-use crate::proto::message::shape;
 use crate::trace;
 use crate::transport::Address;
 use crate::transport::inproc::{self, LocalConn};
@@ -279,113 +279,6 @@ impl Client {
             meter.finish(&result);
         }
         result
-    }
-
-    /// Opens server stream `m` with `req` (`docs/PROTOCOL.md` §9.9): the server's items, as
-    /// they come, through the returned [`Streaming`]. Without a timeout: the stream lasts until
-    /// the server ends it or the `Streaming` is dropped (see [`open_stream_with`](Self::open_stream_with)).
-    pub async fn open_stream<Req: Wire, Item: Wire>(
-        &self,
-        m: &StreamMethod<Req, Item>,
-        req: Req,
-    ) -> Result<Streaming<Item>, Error> {
-        self.open_stream_with(m, req, StreamOptions::default()).await
-    }
-
-    /// Opens server stream `m` with options: a timeout over the whole stream (sent to the
-    /// server, which stops producing then) and the credit window.
-    pub async fn open_stream_with<Req: Wire, Item: Wire>(
-        &self,
-        m: &StreamMethod<Req, Item>,
-        req: Req,
-        opts: StreamOptions,
-    ) -> Result<Streaming<Item>, Error> {
-        // Inside a handler, a stream ends with the request it serves at the latest.
-        let timeout = match (opts.timeout, crate::context::current_deadline()) {
-            (t, None) => t,
-            (t, Some(_)) => Some(crate::context::budget(t.unwrap_or(Duration::MAX))),
-        };
-        let traced = trace::call_span(m.service(), m.name());
-        let trace = traced.as_ref().map(|t| &t.parent);
-        let conn = self.inner.connection().await?;
-        let Conn::Stream(c) = &*conn else {
-            return Err(Error::Usage(format!(
-                "{m:?}: streams are not available over {} (inproc)",
-                self.inner.addr
-            )));
-        };
-        let window = opts.window.max(2);
-        let id = self.inner.next_id();
-        let limits = (timeout, self.inner.config.connect_timeout);
-        let names = ((m.service(), m.name()), shape::SERVER);
-        let (id, (rx, _), sent_budget) = c
-            .open_stream(id, || self.inner.next_id(), names, |b| req.encode(b), window, limits, trace)
-            .await?;
-        Ok(Streaming::new((c.clone(), self.clone()), (id, rx), window, timeout, sent_budget))
-    }
-
-    /// Opens client stream `m` (`docs/PROTOCOL.md` §9.9): [`Upload::send`] its requests, then
-    /// [`Upload::finish`] for the one reply. `opts.timeout` bounds the whole stream.
-    pub async fn open_client_stream<Req: Wire, Resp: Wire>(
-        &self,
-        m: &ClientStreamMethod<Req, Resp>,
-        opts: StreamOptions,
-    ) -> Result<Upload<Req, Resp>, Error> {
-        let (c, id, (rx, credit), timeout, sent_budget) =
-            self.open_sending(((m.service(), m.name()), shape::CLIENT), 0, opts).await?;
-        let sender = StreamSender::new(c, self.clone(), id, credit);
-        Ok(Upload::new(sender, rx, timeout, sent_budget))
-    }
-
-    /// Opens both-way stream `m` (`docs/PROTOCOL.md` §9.9): a [`StreamSender`] for the
-    /// requests and a [`Streaming`] of the server's items, used at once. Dropping the
-    /// `Streaming` cancels the stream; dropping (or finishing) the sender ends the requests.
-    pub async fn open_bidi_stream<Req: Wire, Resp: Wire>(
-        &self,
-        m: &BidiStreamMethod<Req, Resp>,
-        opts: StreamOptions,
-    ) -> Result<(StreamSender<Req>, Streaming<Resp>), Error> {
-        let window = opts.window.max(2);
-        let (c, id, (rx, credit), timeout, sent_budget) =
-            self.open_sending(((m.service(), m.name()), shape::BOTH), window, opts).await?;
-        let sender = StreamSender::new(c.clone(), self.clone(), id, credit);
-        Ok((sender, Streaming::new((c, self.clone()), (id, rx), window, timeout, sent_budget)))
-    }
-
-    /// Opens a stream on which the client sends items (an empty open payload).
-    #[allow(clippy::type_complexity)]
-    async fn open_sending(
-        &self,
-        names: ((&str, &str), u8),
-        window: u32,
-        opts: StreamOptions,
-    ) -> Result<
-        (
-            Arc<StreamConn>,
-            u64,
-            (tokio::sync::mpsc::UnboundedReceiver<stream::Event>, Arc<tokio::sync::Semaphore>),
-            Option<Duration>,
-            bool,
-        ),
-        Error,
-    > {
-        let timeout = match (opts.timeout, crate::context::current_deadline()) {
-            (t, None) => t,
-            (t, Some(_)) => Some(crate::context::budget(t.unwrap_or(Duration::MAX))),
-        };
-        let conn = self.inner.connection().await?;
-        let Conn::Stream(c) = &*conn else {
-            return Err(Error::Usage(format!(
-                "{}/{}: streams are not available over {} (inproc)",
-                names.0.0, names.0.1, self.inner.addr
-            )));
-        };
-        let id = self.inner.next_id();
-        let limits = (timeout, self.inner.config.connect_timeout);
-        let (id, (rx, credit), sent_budget) =
-            c.open_stream(id, || self.inner.next_id(), names, |_| Ok(()), window, limits, None).await?;
-        let credit = credit.expect("a stream the client sends on has credit");
-        Ok((c.clone(), id, (rx, credit), timeout, sent_budget))
     }
 
     /// Calls `service`/`method` with an already encoded request and returns the reply payload

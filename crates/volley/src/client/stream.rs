@@ -8,26 +8,23 @@
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::Stream;
-use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::conn::StreamConn;
+use super::stream_table::Event;
+use super::{Client, Conn};
 use crate::codec::Wire;
 use crate::error::Error;
+use crate::method::{BidiStreamMethod, ClientStreamMethod, StreamMethod};
+use crate::proto::message::shape;
+use crate::trace;
 
 /// Default window of a stream: items the server may send ahead of the caller.
 pub const DEFAULT_WINDOW: u32 = 256;
-
-/// Credit a stream's sender may hold: far beyond any window, far below what the semaphore
-/// allows (it would panic), so a server that grants without end cannot crash the client.
-const MAX_SEND_CREDIT: usize = 1 << 40;
 
 /// Options of one stream.
 #[derive(Debug, Clone, Copy)]
@@ -60,116 +57,6 @@ impl StreamOptions {
     }
 }
 
-/// What the reader hands a stream.
-#[derive(Debug)]
-pub(crate) enum Event {
-    Item(Bytes),
-    End,
-    /// A client stream's one reply.
-    Reply(Bytes),
-    Failed(Error),
-    /// The server grants room for more of the client's items (kept by the table).
-    Credit(u32),
-}
-
-/// One open stream: where its events go, and, if the client sends items on it, the credit
-/// the server granted.
-struct Slot {
-    tx: mpsc::UnboundedSender<Event>,
-    credit: Option<Arc<Semaphore>>,
-}
-
-impl Drop for Slot {
-    /// The stream ended: a sender waiting for credit learns it.
-    fn drop(&mut self) {
-        if let Some(c) = &self.credit {
-            c.close();
-        }
-    }
-}
-
-/// The streams of one connection, by id.
-#[derive(Default)]
-pub(crate) struct Streams {
-    by_id: Mutex<FxHashMap<u64, Slot>>,
-    /// How many are open: the reader looks at the table only when some are.
-    open: AtomicUsize,
-}
-
-/// A stream's events and, if the client sends on it, its credit.
-pub(crate) type Registered = (mpsc::UnboundedReceiver<Event>, Option<Arc<Semaphore>>);
-
-impl Streams {
-    /// Registers stream `id` (with credit for the client's items if it `sends`); `None` if it
-    /// is open already.
-    pub fn insert(&self, id: u64, sends: bool) -> Option<Registered> {
-        let mut by_id = self.by_id.lock();
-        if by_id.contains_key(&id) {
-            return None;
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let credit = sends.then(|| Arc::new(Semaphore::new(0)));
-        by_id.insert(id, Slot { tx, credit: credit.clone() });
-        self.open.store(by_id.len(), Ordering::Release);
-        Some((rx, credit))
-    }
-
-    /// Forgets stream `id`; whether it was open.
-    pub fn remove(&self, id: u64) -> bool {
-        let mut by_id = self.by_id.lock();
-        let was = by_id.remove(&id).is_some();
-        self.open.store(by_id.len(), Ordering::Release);
-        was
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.open.load(Ordering::Acquire) == 0
-    }
-
-    /// Whether `id` is an open stream.
-    pub fn contains(&self, id: u64) -> bool {
-        !self.is_empty() && self.by_id.lock().contains_key(&id)
-    }
-
-    /// Hands a turn's stream messages to their streams, under one lock; an end removes its
-    /// stream. Messages for ids not open (crossing an end or a cancel) are dropped.
-    pub fn deliver(&self, events: &mut Vec<(u64, Event)>) {
-        if events.is_empty() {
-            return;
-        }
-        let mut by_id = self.by_id.lock();
-        for (id, ev) in events.drain(..) {
-            let Some(slot) = by_id.get(&id) else { continue };
-            let last = match ev {
-                Event::Credit(n) => {
-                    if let Some(c) = &slot.credit {
-                        c.add_permits(
-                            (n as usize).min(MAX_SEND_CREDIT.saturating_sub(c.available_permits())),
-                        );
-                    }
-                    continue;
-                }
-                Event::Item(_) => false,
-                _ => true,
-            };
-            let _ = slot.tx.send(ev);
-            if last {
-                by_id.remove(&id);
-            }
-        }
-        self.open.store(by_id.len(), Ordering::Release);
-    }
-
-    /// The connection ended: every stream ends with `err`.
-    pub fn fail_all(&self, err: &Error) {
-        let mut by_id = self.by_id.lock();
-        for (_, slot) in by_id.drain() {
-            let _ = slot.tx.send(Event::Failed(err.clone()));
-        }
-        self.open.store(0, Ordering::Release);
-    }
-}
-
 /// A server stream being read: a [`Stream`] of the server's items, each a `Result` (a
 /// failed stream yields its error once, then ends). Dropping it before the end cancels the
 /// stream: the server stops its producer.
@@ -178,7 +65,7 @@ pub struct Streaming<T> {
     conn: Arc<StreamConn>,
     /// Keeps the connection open while the stream is read, even if every other handle to the
     /// client is gone.
-    _client: super::Client,
+    _client: Client,
     id: u64,
     window: u32,
     /// Items taken since credit was last granted.
@@ -193,7 +80,7 @@ pub struct Streaming<T> {
 
 impl<T> Streaming<T> {
     pub(crate) fn new(
-        (conn, client): (Arc<StreamConn>, super::Client),
+        (conn, client): (Arc<StreamConn>, Client),
         (id, rx): (u64, mpsc::UnboundedReceiver<Event>),
         window: u32,
         timeout: Option<Duration>,
@@ -308,7 +195,7 @@ impl<T> std::fmt::Debug for Streaming<T> {
 /// sent. Dropped unfinished, it finishes.
 pub struct StreamSender<T> {
     conn: Arc<StreamConn>,
-    _client: super::Client,
+    _client: Client,
     id: u64,
     credit: Arc<Semaphore>,
     finished: bool,
@@ -316,7 +203,7 @@ pub struct StreamSender<T> {
 }
 
 impl<T: Wire> StreamSender<T> {
-    pub(crate) fn new(conn: Arc<StreamConn>, client: super::Client, id: u64, credit: Arc<Semaphore>) -> Self {
+    pub(crate) fn new(conn: Arc<StreamConn>, client: Client, id: u64, credit: Arc<Semaphore>) -> Self {
         StreamSender { conn, _client: client, id, credit, finished: false, _item: PhantomData }
     }
 
@@ -425,5 +312,115 @@ impl<Req, Resp> Drop for Upload<Req, Resp> {
 impl<Req, Resp> std::fmt::Debug for Upload<Req, Resp> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upload").field("id", &self.sender.id).finish()
+    }
+}
+
+/// Opening streams.
+impl Client {
+    /// Opens server stream `m` with `req` (`docs/PROTOCOL.md` §9.9): the server's items, as
+    /// they come, through the returned [`Streaming`]. Without a timeout: the stream lasts until
+    /// the server ends it or the `Streaming` is dropped (see [`open_stream_with`](Self::open_stream_with)).
+    pub async fn open_stream<Req: Wire, Item: Wire>(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+    ) -> Result<Streaming<Item>, Error> {
+        self.open_stream_with(m, req, StreamOptions::default()).await
+    }
+
+    /// Opens server stream `m` with options: a timeout over the whole stream (sent to the
+    /// server, which stops producing then) and the credit window.
+    pub async fn open_stream_with<Req: Wire, Item: Wire>(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+        opts: StreamOptions,
+    ) -> Result<Streaming<Item>, Error> {
+        // Inside a handler, a stream ends with the request it serves at the latest.
+        let timeout = match (opts.timeout, crate::context::current_deadline()) {
+            (t, None) => t,
+            (t, Some(_)) => Some(crate::context::budget(t.unwrap_or(Duration::MAX))),
+        };
+        let traced = trace::call_span(m.service(), m.name());
+        let trace = traced.as_ref().map(|t| &t.parent);
+        let conn = self.inner.connection().await?;
+        let Conn::Stream(c) = &*conn else {
+            return Err(Error::Usage(format!(
+                "{m:?}: streams are not available over {} (inproc)",
+                self.inner.addr
+            )));
+        };
+        let window = opts.window.max(2);
+        let id = self.inner.next_id();
+        let limits = (timeout, self.inner.config.connect_timeout);
+        let names = ((m.service(), m.name()), shape::SERVER);
+        let (id, (rx, _), sent_budget) = c
+            .open_stream(id, || self.inner.next_id(), names, |b| req.encode(b), window, limits, trace)
+            .await?;
+        Ok(Streaming::new((c.clone(), self.clone()), (id, rx), window, timeout, sent_budget))
+    }
+
+    /// Opens client stream `m` (`docs/PROTOCOL.md` §9.9): [`Upload::send`] its requests, then
+    /// [`Upload::finish`] for the one reply. `opts.timeout` bounds the whole stream.
+    pub async fn open_client_stream<Req: Wire, Resp: Wire>(
+        &self,
+        m: &ClientStreamMethod<Req, Resp>,
+        opts: StreamOptions,
+    ) -> Result<Upload<Req, Resp>, Error> {
+        let (c, id, (rx, credit), timeout, sent_budget) =
+            self.open_sending(((m.service(), m.name()), shape::CLIENT), 0, opts).await?;
+        let sender = StreamSender::new(c, self.clone(), id, credit);
+        Ok(Upload::new(sender, rx, timeout, sent_budget))
+    }
+
+    /// Opens both-way stream `m` (`docs/PROTOCOL.md` §9.9): a [`StreamSender`] for the
+    /// requests and a [`Streaming`] of the server's items, used at once. Dropping the
+    /// `Streaming` cancels the stream; dropping (or finishing) the sender ends the requests.
+    pub async fn open_bidi_stream<Req: Wire, Resp: Wire>(
+        &self,
+        m: &BidiStreamMethod<Req, Resp>,
+        opts: StreamOptions,
+    ) -> Result<(StreamSender<Req>, Streaming<Resp>), Error> {
+        let window = opts.window.max(2);
+        let (c, id, (rx, credit), timeout, sent_budget) =
+            self.open_sending(((m.service(), m.name()), shape::BOTH), window, opts).await?;
+        let sender = StreamSender::new(c.clone(), self.clone(), id, credit);
+        Ok((sender, Streaming::new((c, self.clone()), (id, rx), window, timeout, sent_budget)))
+    }
+
+    /// Opens a stream on which the client sends items (an empty open payload).
+    #[allow(clippy::type_complexity)]
+    async fn open_sending(
+        &self,
+        names: ((&str, &str), u8),
+        window: u32,
+        opts: StreamOptions,
+    ) -> Result<
+        (
+            Arc<StreamConn>,
+            u64,
+            (tokio::sync::mpsc::UnboundedReceiver<Event>, Arc<tokio::sync::Semaphore>),
+            Option<Duration>,
+            bool,
+        ),
+        Error,
+    > {
+        let timeout = match (opts.timeout, crate::context::current_deadline()) {
+            (t, None) => t,
+            (t, Some(_)) => Some(crate::context::budget(t.unwrap_or(Duration::MAX))),
+        };
+        let conn = self.inner.connection().await?;
+        let Conn::Stream(c) = &*conn else {
+            return Err(Error::Usage(format!(
+                "{}/{}: streams are not available over {} (inproc)",
+                names.0.0, names.0.1, self.inner.addr
+            )));
+        };
+        let id = self.inner.next_id();
+        let limits = (timeout, self.inner.config.connect_timeout);
+        let (id, (rx, credit), sent_budget) =
+            c.open_stream(id, || self.inner.next_id(), names, |_| Ok(()), window, limits, None).await?;
+        let credit = credit.expect("a stream the client sends on has credit");
+        Ok((c.clone(), id, (rx, credit), timeout, sent_budget))
     }
 }

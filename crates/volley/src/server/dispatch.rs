@@ -135,7 +135,7 @@ fn in_span<T: 'static>(fut: BoxFuture<'static, T>, span: Option<Span>) -> BoxFut
 }
 
 /// Completes at `deadline`; never without one.
-pub(super) async fn sleep_until_some(deadline: Option<Instant>) {
+async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -367,7 +367,7 @@ impl Dispatch {
             );
             return out.error(id, Code::BadRequest, &why);
         }
-        let opened = super::stream::start(
+        let opened = super::stream_task::start(
             &self.streams.0,
             c.shared,
             c.outbox,

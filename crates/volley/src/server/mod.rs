@@ -30,6 +30,7 @@ mod router;
 mod running;
 mod shared;
 mod stream;
+mod stream_task;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -127,7 +127,7 @@ pub(crate) struct Observe {
     pub(crate) admin: tokio::sync::OnceCell<SocketAddr>,
     pub(crate) registry: OnceLock<Arc<dyn RegistrySource>>,
     /// Streams opened, their items, and how they ended.
-    pub(crate) streams: super::stream::StreamStats,
+    pub(crate) streams: Arc<super::stream::StreamStats>,
 }
 
 impl Default for Observe {

@@ -16,10 +16,8 @@ use futures_util::{FutureExt, Stream, StreamExt};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::sync::{Semaphore, mpsc};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::shared::Shared;
 use crate::codec::Wire;
 use crate::error::Status;
 use crate::metrics::StreamCounts;
@@ -222,10 +220,14 @@ pub(crate) struct Sink {
     id: u64,
     outbox: Arc<Outbox>,
     open: Arc<Open>,
-    shared: Arc<Shared>,
+    stats: Arc<StreamStats>,
 }
 
 impl Sink {
+    pub(super) fn new(id: u64, outbox: Arc<Outbox>, open: Arc<Open>, stats: Arc<StreamStats>) -> Sink {
+        Sink { id, outbox, open, stats }
+    }
+
     /// The client's items, for the handler (none if the shape has none).
     fn incoming<T>(&self, input: Option<Input>) -> Incoming<T> {
         let rx = input.map_or_else(|| mpsc::unbounded_channel().1, |i| i.rx);
@@ -289,7 +291,7 @@ impl Sink {
         });
         match pushed {
             Ok(Ok(())) => {
-                self.shared.observe.streams.items.fetch_add(n as u64, Ordering::Relaxed);
+                self.stats.items.fetch_add(n as u64, Ordering::Relaxed);
                 Ok(())
             }
             Ok(Err(BuildError::Payload(e))) => {
@@ -305,14 +307,14 @@ impl Sink {
     }
 }
 
-fn gone() -> Status {
+pub(super) fn gone() -> Status {
     Status::new(Code::Cancelled, "the connection closed")
 }
 
 /// One open stream: the credit its client granted, and whether it still wants the stream.
 pub(super) struct Open {
     credit: Semaphore,
-    cancelled: CancellationToken,
+    pub(super) cancelled: CancellationToken,
     /// Where the client's items go (client and both-way streams).
     items: Option<mpsc::UnboundedSender<Option<Bytes>>>,
 }
@@ -328,7 +330,7 @@ pub(super) struct OpenStreams {
 impl OpenStreams {
     /// Registers stream `id` with `credit`; `None` if a stream of that id is open already.
     /// (With a channel for its items if it `takes_items`.)
-    fn open(&self, id: u64, credit: u32, takes_items: bool) -> Option<(Arc<Open>, Option<Input>)> {
+    pub(super) fn open(&self, id: u64, credit: u32, takes_items: bool) -> Option<(Arc<Open>, Option<Input>)> {
         let (items, input) = match takes_items {
             true => {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -377,7 +379,7 @@ impl OpenStreams {
         self.gone.cancel();
     }
 
-    fn close(&self, id: u64) {
+    pub(super) fn close(&self, id: u64) {
         self.by_id.lock().remove(&id);
     }
 }
@@ -416,65 +418,8 @@ pub(crate) enum Ended {
 }
 
 /// The error of a stream whose handler panicked.
-fn panicked() -> Status {
+pub(super) fn panicked() -> Status {
     Status::new(Code::Panicked, "the stream's handler panicked")
-}
-
-/// Opens stream `id` and runs it as a task of the connection: `handler` produces, the task
-/// sends its end (`StreamEnd` or `Error`) unless the client cancelled it. Answers at once, in
-/// `out`, a stream that cannot be opened.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn start(
-    streams: &Arc<OpenStreams>,
-    shared: &Arc<Shared>,
-    outbox: &Arc<Outbox>,
-    inflight: &tokio_util::task::TaskTracker,
-    handler: Arc<dyn StreamHandler>,
-    (id, credit, request): (u64, u32, Bytes),
-    deadline: Option<Instant>,
-) -> Result<(), Status> {
-    let takes_items = handler.shape() != shape::SERVER;
-    let Some((open, input)) = streams.open(id, credit, takes_items) else {
-        return Err(Status::new(Code::BadRequest, format!("stream id {id:#x} is open already")));
-    };
-    let stats = &shared.observe.streams;
-    stats.opened.fetch_add(1, Ordering::Relaxed);
-    let sink = Sink { id, outbox: outbox.clone(), open: open.clone(), shared: shared.clone() };
-    let work = AssertUnwindSafe(handler.serve(request, input, sink)).catch_unwind();
-    let (streams, shared, outbox) = (streams.clone(), shared.clone(), outbox.clone());
-    inflight.spawn(async move {
-        let (how, ended) = tokio::select! {
-            r = work => {
-                let r = r.unwrap_or_else(|_| Err(panicked()));
-                (if r.is_ok() { Ended::Done } else { Ended::Failed }, r)
-            }
-            _ = open.cancelled.cancelled() => {
-                if shared.is_closing() {
-                    (Ended::Shutdown, Err(Status::new(Code::ShuttingDown, "server is shutting down")))
-                } else {
-                    (Ended::Cancelled, Err(gone()))
-                }
-            }
-            () = super::dispatch::sleep_until_some(deadline) => {
-                (Ended::Deadline, Err(Status::new(Code::DeadlineExceeded, "the stream's deadline passed")))
-            }
-        };
-        streams.close(id);
-        shared.observe.streams.ended(how);
-        // A cancelled stream's client has forgotten its id, or its connection is gone.
-        if how != Ended::Cancelled {
-            let _ = outbox.push(|fb| match ended {
-                Ok(None) => fb.stream_end(id),
-                Ok(Some(reply)) => {
-                    if let Err(e) = fb.reply_bytes(id, reply) {
-                        fb.error(id, Code::TooLarge, &format!("the reply does not fit in a frame: {e:?}"));
-                    }
-                }
-                Err(s) => fb.error(id, s.code, &s.message),
-            });
-        }
-    });
-    Ok(())
 }
 
 /// What a server counts of its streams (shown by its metrics).
@@ -487,7 +432,7 @@ pub(crate) struct StreamStats {
 }
 
 impl StreamStats {
-    fn ended(&self, how: Ended) {
+    pub(super) fn ended(&self, how: Ended) {
         self.ended[how as usize].fetch_add(1, Ordering::Relaxed);
     }
 
