@@ -84,6 +84,18 @@ pub fn to_json(m: &Message) -> Value {
             json!({"kind": "goaway", "code": code.to_u16(), "message": text(message)})
         }
         Message::Auth { token } => json!({"kind": "auth", "token": hex(token)}),
+        Message::StreamOpen { id, flags, shape, credit, names, ext, payload } => {
+            let mut v = addressed("stream_open", id, flags, names, ext);
+            v["shape"] = json!(shape);
+            v["credit"] = json!(credit);
+            v["payload"] = json!(hex(payload));
+            v
+        }
+        Message::StreamItem { id, payload } => {
+            json!({"kind": "stream_item", "id": id, "payload": hex(payload)})
+        }
+        Message::StreamEnd { id } => json!({"kind": "stream_end", "id": id}),
+        Message::StreamCredit { id, credit } => json!({"kind": "stream_credit", "id": id, "credit": credit}),
     }
 }
 
@@ -145,6 +157,18 @@ pub fn build(fb: &mut FrameBuilder, v: &Value) {
         "pong" => fb.pong(u64_of(v, "token")),
         "goaway" => fb.go_away(code(v), str_of(v, "message")),
         "auth" => fb.auth(&unhex(str_of(v, "token"))),
+        "stream_open" => {
+            let flags = (u64_of(v, "flags") as u8) & !0x02;
+            let names = (str_of(v, "service"), str_of(v, "method"));
+            let open = (u64_of(v, "shape") as u8, u64_of(v, "credit") as u32);
+            fb.stream_open(u64_of(v, "id"), flags, &ext_of(v), names, open, |b| {
+                put(&unhex(str_of(v, "payload")), b)
+            })
+            .unwrap()
+        }
+        "stream_item" => fb.stream_item(u64_of(v, "id"), |b| put(&unhex(str_of(v, "payload")), b)).unwrap(),
+        "stream_end" => fb.stream_end(u64_of(v, "id")),
+        "stream_credit" => fb.stream_credit(u64_of(v, "id"), u64_of(v, "credit") as u32),
         other => panic!("unknown kind {other}"),
     }
 }

@@ -8,7 +8,7 @@
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 
-use crate::parse::{MethodDef, ServiceDef};
+use crate::parse::{Kind, MethodDef, ServiceDef};
 
 pub fn expand(def: &ServiceDef) -> TokenStream {
     let mut out = methods(def);
@@ -27,9 +27,10 @@ fn methods(def: &ServiceDef) -> TokenStream {
     let consts = def.methods.iter().map(|m| {
         let (c, req, resp, wire) = (&m.const_ident, &m.req, &m.resp, &m.wire_name);
         let doc = format!("`{service}/{wire}`: [`{trait_ident}::{}`].", m.ident);
+        let ty = if m.kind == Kind::Stream { quote!(StreamMethod) } else { quote!(Method) };
         quote! {
             #[doc = #doc]
-            pub const #c: ::volley::Method<#req, #resp> = ::volley::Method::new(#service, #wire);
+            pub const #c: ::volley::#ty<#req, #resp> = ::volley::#ty::new(#service, #wire);
         }
     });
     let doc = format!(
@@ -107,6 +108,9 @@ fn client(def: &ServiceDef) -> TokenStream {
 /// The client's methods for one service method: `m`, `m_with`, `m_batch`, `m_batch_with`,
 /// `m_stream`, `m_keyed`, `m_scatter`.
 fn client_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStream {
+    if m.kind == Kind::Stream {
+        return stream_methods(def, m, t);
+    }
     let (req, resp) = (&m.req, &m.resp);
     let (_, ty_generics, _) = def.item.generics.split_for_impl();
     let methods_ident = def.methods_ident();
@@ -190,6 +194,38 @@ fn client_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStrea
             #arg
         ) -> ::volley::Result<::std::vec::Vec<::volley::service_client::Gathered<#resp>>> where #t: #routed {
             <#t as #routed>::scatter(&self.inner, #desc, #val, ::core::default::Default::default()).await
+        }
+    }
+}
+
+/// The client's methods for a stream method `m`: `m(req)` and `m_with(req, StreamOptions)`,
+/// each opening the stream and returning a `volley::Streaming` of its items.
+fn stream_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStream {
+    let (req, item) = (&m.req, &m.resp);
+    let (_, ty_generics, _) = def.item.generics.split_for_impl();
+    let methods_ident = def.methods_ident();
+    let c = &m.const_ident;
+    let desc = quote!(&<#methods_ident #ty_generics>::#c);
+    let name = &m.ident;
+    let with = format_ident!("{name}_with");
+    let (arg, val) = if m.has_arg { (quote!(req: #req,), quote!(req)) } else { (quote!(), quote!(())) };
+    let caller = quote!(::volley::service::StreamCaller<#req, #item>);
+    let wire = format!("`{}/{}`", def.name, m.wire_name);
+    let d_open =
+        format!("Opens the server stream {wire}: its items as they come (dropping it cancels the stream).");
+    let d_with = format!(
+        "Opens the server stream {wire} with options (a timeout over the whole stream, the credit window)."
+    );
+    quote! {
+        #[doc = #d_open]
+        pub async fn #name(&self, #arg) -> ::volley::Result<::volley::Streaming<#item>> where #t: #caller {
+            <#t as #caller>::open(&self.inner, #desc, #val, ::core::default::Default::default()).await
+        }
+
+        #[doc = #d_with]
+        pub async fn #with(&self, #arg opts: ::volley::StreamOptions) -> ::volley::Result<::volley::Streaming<#item>>
+        where #t: #caller {
+            <#t as #caller>::open(&self.inner, #desc, #val, opts).await
         }
     }
 }

@@ -23,6 +23,9 @@ pub enum Kind {
     Batch,
     /// `#[sync] fn`: a plain call per request, no future (`ServerBuilder::handle_fn`).
     Sync,
+    /// `async fn` returning `Result<ItemStream<Item>, Status>`: a server stream, one request
+    /// and a sequence of items (`ServerBuilder::handle_stream`).
+    Stream,
 }
 
 /// One method of the service.
@@ -35,7 +38,7 @@ pub struct MethodDef {
     pub kind: Kind,
     /// The request type of one call (for a batch method, the item type of its `Vec`).
     pub req: Type,
-    /// The reply type of one call (the `Ok` type).
+    /// The reply type of one call (the `Ok` type); for a stream, the type of its items.
     pub resp: Type,
     /// Whether the method takes a request value (a method without one takes `()`).
     pub has_arg: bool,
@@ -264,10 +267,21 @@ fn method(f: &TraitItemFn) -> syn::Result<MethodDef> {
     let const_ident = Ident::new(&wire_name.to_shouty_snake_case(), name.span());
     let (req, resp) = match kind {
         Kind::Batch => batch_types(name, arg, &sig.output)?,
-        Kind::Async | Kind::Sync => {
+        Kind::Async | Kind::Sync | Kind::Stream => {
             let req = arg.cloned().unwrap_or_else(|| syn::parse_quote!(()));
             (req, result_ok_type(name, &sig.output)?)
         }
+    };
+    // `Result<ItemStream<Item>, Status>`: a server stream of `Item`s.
+    let (kind, resp) = match (kind, generic_args(&resp, "ItemStream", 1)) {
+        (Kind::Async, Some(mut item)) => (Kind::Stream, item.swap_remove(0)),
+        (Kind::Sync, Some(_)) => {
+            return Err(syn::Error::new_spanned(
+                &resp,
+                format!("stream method `{name}` must be `async fn` (it is served as a task), not `#[sync]`"),
+            ));
+        }
+        (kind, _) => (kind, resp),
     };
     Ok(MethodDef { ident: name.clone(), wire_name, const_ident, kind, req, resp, has_arg: arg.is_some() })
 }

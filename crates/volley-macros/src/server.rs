@@ -106,6 +106,12 @@ fn handler(def: &ServiceDef, m: &MethodDef, s: &syn::Ident) -> TokenStream {
         Kind::Sync => quote_spanned! {span=>
             builder.handle_fn(#desc, move |#param| #method(&*s #arg))
         },
+        Kind::Stream => quote_spanned! {span=>
+            builder.handle_stream(#desc, move |#param| {
+                let s = ::std::sync::Arc::clone(&s);
+                async move { #method(&*s #arg).await }
+            })
+        },
     };
     quote! {
         let builder = {

@@ -92,12 +92,15 @@ mod proto;
 pub use bitcode;
 pub use bytemuck;
 pub use bytes;
-pub use client::{BatchOptions, BatchStream, CallOptions, Client, ClientConfig};
+pub use client::{
+    BatchOptions, BatchStream, CallOptions, Client, ClientConfig, StreamOptions, StreamSender, Streaming,
+    Upload,
+};
 pub use codec::{ByteString, CodecError, PodVec, StableHash, Tier, Wire};
 pub use context::current_deadline;
 pub use error::{Error, ErrorClass, Result, Status};
 pub use liveness::Keepalive;
-pub use method::Method;
+pub use method::{BidiStreamMethod, ClientStreamMethod, Method, StreamMethod};
 pub use metrics::stats::Snapshot;
 /// The protobuf crate of `wire!(proto: T)` (feature `proto`).
 #[cfg(feature = "proto")]
@@ -108,8 +111,8 @@ pub use registry::Registry;
 #[cfg(feature = "schema")]
 pub use schemars;
 pub use server::{
-    BatchResult, ConcurrencyLimit, ConnectionCounts, Drain, Server, ServerBuilder, ServerConfig, StopSignal,
-    current_peer, shutdown_signal,
+    BatchResult, ConcurrencyLimit, ConnectionCounts, Drain, Incoming, Server, ServerBuilder, ServerConfig,
+    StopSignal, StreamCounts, current_peer, shutdown_signal,
 };
 pub use service_client::ServiceClient;
 pub use transport::Address;

@@ -95,6 +95,128 @@ impl<Req, Resp> std::fmt::Debug for Method<Req, Resp> {
     }
 }
 
+/// Names a server-stream method (`docs/PROTOCOL.md` §9.9): one request, then a sequence of
+/// items from the server, each of type `Item`. Declared like a [`Method`]:
+///
+/// ```
+/// use volley::StreamMethod;
+/// const TAIL: StreamMethod<String, String> = StreamMethod::new("log", "tail");
+/// ```
+pub struct StreamMethod<Req, Item> {
+    service: &'static str,
+    name: &'static str,
+    _types: PhantomData<fn(Req) -> Item>,
+}
+
+impl<Req, Item> StreamMethod<Req, Item> {
+    /// A stream method descriptor. Names are at most 255 bytes of UTF-8 each.
+    pub const fn new(service: &'static str, name: &'static str) -> Self {
+        assert!(service.len() <= crate::proto::message::MAX_NAME_LEN, "service name too long");
+        assert!(name.len() <= crate::proto::message::MAX_NAME_LEN, "method name too long");
+        StreamMethod { service, name, _types: PhantomData }
+    }
+
+    pub const fn service(&self) -> &'static str {
+        self.service
+    }
+
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl<Req, Item> Clone for StreamMethod<Req, Item> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Req, Item> Copy for StreamMethod<Req, Item> {}
+
+impl<Req, Item> std::fmt::Debug for StreamMethod<Req, Item> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} (stream)", self.service, self.name)
+    }
+}
+
+/// Names a client-stream method (`docs/PROTOCOL.md` §9.9): a sequence of requests from the
+/// client, each of type `Req`, then one reply of type `Resp`.
+pub struct ClientStreamMethod<Req, Resp> {
+    service: &'static str,
+    name: &'static str,
+    _types: PhantomData<fn(Req) -> Resp>,
+}
+
+impl<Req, Resp> ClientStreamMethod<Req, Resp> {
+    /// A descriptor. Names are at most 255 bytes of UTF-8 each.
+    pub const fn new(service: &'static str, name: &'static str) -> Self {
+        assert!(service.len() <= crate::proto::message::MAX_NAME_LEN, "service name too long");
+        assert!(name.len() <= crate::proto::message::MAX_NAME_LEN, "method name too long");
+        ClientStreamMethod { service, name, _types: PhantomData }
+    }
+
+    pub const fn service(&self) -> &'static str {
+        self.service
+    }
+
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl<Req, Resp> Clone for ClientStreamMethod<Req, Resp> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Req, Resp> Copy for ClientStreamMethod<Req, Resp> {}
+
+impl<Req, Resp> std::fmt::Debug for ClientStreamMethod<Req, Resp> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} (stream)", self.service, self.name)
+    }
+}
+
+/// Names a both-way stream method (`docs/PROTOCOL.md` §9.9): requests of type `Req` from the
+/// client and items of type `Resp` from the server, each a sequence, at once.
+pub struct BidiStreamMethod<Req, Resp> {
+    service: &'static str,
+    name: &'static str,
+    _types: PhantomData<fn(Req) -> Resp>,
+}
+
+impl<Req, Resp> BidiStreamMethod<Req, Resp> {
+    /// A descriptor. Names are at most 255 bytes of UTF-8 each.
+    pub const fn new(service: &'static str, name: &'static str) -> Self {
+        assert!(service.len() <= crate::proto::message::MAX_NAME_LEN, "service name too long");
+        assert!(name.len() <= crate::proto::message::MAX_NAME_LEN, "method name too long");
+        BidiStreamMethod { service, name, _types: PhantomData }
+    }
+
+    pub const fn service(&self) -> &'static str {
+        self.service
+    }
+
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl<Req, Resp> Clone for BidiStreamMethod<Req, Resp> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Req, Resp> Copy for BidiStreamMethod<Req, Resp> {}
+
+impl<Req, Resp> std::fmt::Debug for BidiStreamMethod<Req, Resp> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} (stream)", self.service, self.name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::NamesKey;

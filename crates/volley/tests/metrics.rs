@@ -476,3 +476,44 @@ async fn reader_wake_ups_are_counted_per_batch() {
     }
     server.shutdown().await;
 }
+
+/// Server streams are counted — opened, items sent, ended by reason — in `/vars.json` and
+/// `/metrics`.
+#[tokio::test]
+async fn streams_are_counted_by_how_they_ended() {
+    use futures_util::StreamExt;
+    const COUNT: volley::StreamMethod<u32, u32> = volley::StreamMethod::new("metrics-stream-test", "count");
+    let builder = Server::builder().handle_stream(&COUNT, |n: u32| async move {
+        Ok(futures_util::stream::iter(0..n).map(Ok::<u32, Status>))
+    });
+    let (server, addr, admin) = serve(builder).await;
+    let client = Client::connect(&addr).await.unwrap();
+    // Two streams run to their end (5 and 3 items), one is dropped after 2 of its items.
+    for n in [5, 3] {
+        assert_eq!(client.open_stream(&COUNT, n).await.unwrap().count().await, n as usize);
+    }
+    let mut endless = client.open_stream(&COUNT, u32::MAX).await.unwrap();
+    for _ in 0..2 {
+        endless.next().await.unwrap().unwrap();
+    }
+    vars_when(admin, "the third stream to be open", |v| v["server"]["streams"]["open"] == 1).await;
+    drop(endless);
+    let v = vars_when(admin, "the cancel", |v| v["server"]["streams"]["ended"]["cancelled"] == 1).await;
+    let s = &v["server"]["streams"];
+    assert_eq!(
+        (s["opened"].as_u64(), s["open"].as_u64(), s["ended"]["done"].as_u64()),
+        (Some(3), Some(0), Some(2))
+    );
+    assert!(s["items"].as_u64().unwrap() >= 10, "{s}");
+    let (_, text) = get(admin, "/metrics").await;
+    let counter = |name: &str, labels: &[(&str, &str)]| match prom_value(&text, name, labels) {
+        Some(prometheus_parse::Value::Counter(v)) => v,
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(counter("volley_server_streams_opened_total", &[]), 3.0);
+    assert_eq!(counter("volley_server_streams_ended_total", &[("reason", "done")]), 2.0);
+    assert_eq!(counter("volley_server_streams_ended_total", &[("reason", "cancelled")]), 1.0);
+    assert_eq!(counter("volley_server_streams_ended_total", &[("reason", "deadline")]), 0.0);
+    assert!(counter("volley_server_stream_items_total", &[]) >= 10.0);
+    server.shutdown().await;
+}

@@ -48,6 +48,20 @@ fn push(fb: &mut FrameBuilder, m: &Message, via_bytes: bool) {
         Message::Pong { token } => fb.pong(*token),
         Message::GoAway { code, message } => fb.go_away(*code, &s(message)),
         Message::Auth { token } => fb.auth(token),
+        Message::StreamOpen { id, flags, shape, credit, names, ext, payload } => fb
+            .stream_open::<()>(*id, *flags, ext, (names.service(), names.method()), (*shape, *credit), |b| {
+                b.put_slice(payload);
+                Ok(())
+            })
+            .unwrap(),
+        Message::StreamItem { id, payload } => fb
+            .stream_item::<()>(*id, |b| {
+                b.put_slice(payload);
+                Ok(())
+            })
+            .unwrap(),
+        Message::StreamEnd { id } => fb.stream_end(*id),
+        Message::StreamCredit { id, credit } => fb.stream_credit(*id, *credit),
         Message::BatchRequest { id, flags, names, ext, items } => {
             let payloads: Vec<Bytes> = items.requests().collect();
             fb.batch_request::<_, ()>(
@@ -259,6 +273,31 @@ fn message_strategy(max_payload: usize) -> impl Strategy<Value = (Message, bool)
         any::<u64>().prop_map(|token| Message::Pong { token }),
         (code_strategy(), text_strategy()).prop_map(|(code, message)| Message::GoAway { code, message }),
         payload_strategy(max_payload.min(4096)).prop_map(|token| Message::Auth { token }),
+        (
+            (any::<u64>(), any::<u8>(), any::<u8>(), any::<u32>()),
+            name_strategy(),
+            name_strategy(),
+            ext_strategy(),
+            payload_strategy(max_payload)
+        )
+            .prop_map(|((id, flags, shape, credit), service, method, ext, payload)| {
+                Message::StreamOpen {
+                    id,
+                    flags: if ext.is_empty() { flags & !0x02 } else { flags | 0x02 },
+                    shape,
+                    credit,
+                    names: Names::new(
+                        std::str::from_utf8(&service).unwrap(),
+                        std::str::from_utf8(&method).unwrap(),
+                    ),
+                    ext,
+                    payload,
+                }
+            }),
+        (any::<u64>(), payload_strategy(max_payload))
+            .prop_map(|(id, payload)| Message::StreamItem { id, payload }),
+        any::<u64>().prop_map(|id| Message::StreamEnd { id }),
+        (any::<u64>(), any::<u32>()).prop_map(|(id, credit)| Message::StreamCredit { id, credit }),
         batch_request_strategy(),
         batch_reply_strategy(),
     ];
@@ -847,7 +886,7 @@ fn preamble_features_and_the_documented_extension_example_decode() {
     let mut d = Decoder::new(limits);
     let mut buf = BytesMut::from(&volley::proto::SERVER_PREAMBLE[..]);
     assert_eq!(d.next_frame(&mut buf).unwrap(), None);
-    assert_eq!(d.peer_features(), 1, "the server announces request extensions");
+    assert_eq!(d.peer_features(), 3, "the server announces request extensions and streams");
 
     let body: Vec<u8> = [
         &[0x01, 0x02][..],
@@ -862,4 +901,67 @@ fn preamble_features_and_the_documented_extension_example_decode() {
     let Message::Request { ext, payload, flags, .. } = &msgs[0] else { panic!("{msgs:?}") };
     assert_eq!((ext.deadline_micros, ext.trace_parent, *flags), (Some(250_000), None, 0x02));
     assert_eq!(&payload[..], b"hi");
+}
+
+/// The server stream of PROTOCOL.md §12.5, byte for byte: what `FrameBuilder` writes for it,
+/// and what it decodes to.
+#[test]
+fn the_documented_stream_example_decodes() {
+    let id = 0x0000_0001_0000_0000u64;
+    let unhex = |s: &str| -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    };
+    let put = |p: &'static [u8]| {
+        move |b: &mut BytesMut| {
+            b.put_slice(p);
+            Ok::<(), ()>(())
+        }
+    };
+    let frames = |fill: &dyn Fn(&mut FrameBuilder)| {
+        let mut fb = FrameBuilder::new(Limits::default());
+        fill(&mut fb);
+        let mut segments = Vec::new();
+        fb.take_into(&mut segments);
+        segments.concat()
+    };
+    let open = frames(&|fb| {
+        fb.stream_open(id, 0, &Extensions::NONE, ("log", "tail"), (1, 2), put(b"q")).unwrap();
+    });
+    assert_eq!(open, unhex("1d000000 10 00 0000000001000000 036c6f67 047461696c 01 02000000 01000000 71"));
+    let items = frames(&|fb| {
+        fb.stream_item(id, put(b"a")).unwrap();
+        fb.stream_item(id, put(b"b")).unwrap();
+    });
+    assert_eq!(items, unhex("1c000000 11 0000000001000000 01000000 61 11 0000000001000000 01000000 62"));
+    assert_eq!(frames(&|fb| fb.stream_credit(id, 2)), unhex("0d000000 13 0000000001000000 02000000"));
+    assert_eq!(frames(&|fb| fb.stream_end(id)), unhex("09000000 12 0000000001000000"));
+    let preamble = volley::proto::SERVER_PREAMBLE;
+    assert_eq!(preamble.to_vec(), unhex("564c4c59 01 03 0000"));
+
+    let mut all = BytesMut::new();
+    for part in [open, items] {
+        all.extend_from_slice(&part);
+    }
+    let mut d = Decoder::after_preamble(Limits::default());
+    let mut out = Vec::new();
+    while let Some(body) = d.next_frame(&mut all).unwrap() {
+        decode_frame(&body, &Limits::default(), &mut out).unwrap();
+    }
+    assert_eq!(
+        out,
+        vec![
+            Message::StreamOpen {
+                id,
+                flags: 0,
+                shape: 1,
+                credit: 2,
+                names: Names::new("log", "tail"),
+                ext: Extensions::NONE,
+                payload: Bytes::from_static(b"q"),
+            },
+            Message::StreamItem { id, payload: Bytes::from_static(b"a") },
+            Message::StreamItem { id, payload: Bytes::from_static(b"b") },
+        ]
+    );
 }

@@ -93,6 +93,17 @@ pub struct BenchArgs {
     /// default): run with and without it to measure what they cost.
     #[arg(long)]
     pub no_metrics: bool,
+    /// Measure server streams instead (PROTOCOL.md §9.9): items per second of one stream and
+    /// of `--streams` concurrent streams of `--payload`-byte items, beside `call_batch` of
+    /// `--batch-size` by `--concurrency` callers, on one server over `--transport tcp|unix`.
+    #[arg(long)]
+    pub stream: bool,
+    /// Concurrent streams in the second stream measurement of `--stream`.
+    #[arg(long, default_value_t = 256)]
+    pub streams: usize,
+    /// Each stream's credit window in `--stream` (items the server may send ahead).
+    #[arg(long, default_value_t = 256)]
+    pub stream_window: u32,
     /// In direct registry mode, connect to instances on this host through the same-host
     /// address they registered (`serve-echo --listen-local`), if any. Without --registry, the
     /// in-process server also listens on shared memory and registers that address beside its

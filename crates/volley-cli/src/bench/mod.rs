@@ -22,6 +22,7 @@ mod measure;
 mod raw;
 mod report;
 mod resources;
+mod stream;
 mod transport;
 
 use tokio::runtime::Runtime;
@@ -35,6 +36,9 @@ use report::Report;
 use transport::Transport;
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.stream {
+        return stream::run(&args);
+    }
     if args.raw && (args.connect.is_some() || args.transport != Transport::Tcp) {
         return Err("--raw runs its own bare tcp echo: use it with --transport tcp, without --connect".into());
     }

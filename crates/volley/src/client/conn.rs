@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 
 use super::flow::{FlowControl, FlowLimits, InFlightBytes};
 use super::pending::{Inserted, Outcome, Pending, Reply, Waiter, waiter};
+use super::stream_table::{Event as StreamEvent, Registered, Streams};
 use crate::codec::Wire;
 use crate::error::{Error, Status};
 use crate::liveness::{Action, Keepalive, Liveness};
@@ -17,6 +18,7 @@ use crate::metrics::stats::Counters;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
 use crate::proto::extensions::FEATURE_EXTENSIONS;
 use crate::proto::message::as_str;
+use crate::proto::preamble::FEATURE_STREAMS;
 use crate::proto::{Code, Extensions, ItemResult, Limits, Message, TraceParent};
 use crate::transport::outbox::{Outbox, lifo_runtime};
 use crate::transport::reader::{FrameReader, ReadError};
@@ -48,6 +50,10 @@ pub(crate) struct StreamConn {
     preamble_event: tokio_util::sync::CancellationToken,
     /// Whether requests carry their time budget (when the server accepts extensions).
     wants_deadlines: bool,
+    /// Whether the server's preamble said it accepts streams.
+    peer_streams: AtomicBool,
+    /// The streams open on this connection.
+    streams: Streams,
     /// Whether calls write bundles early (see `send_and_wait`): only where the writer task
     /// cannot run beside them, on a current-thread runtime.
     early_bundles: bool,
@@ -93,6 +99,8 @@ struct Turn {
     /// The server is shutting down (its go-away said `ShuttingDown`): it answered every request
     /// it handed to a handler, so what is still unanswered never ran.
     leaving: bool,
+    /// The turn's messages for streams, handed over together.
+    stream_events: Vec<(u64, StreamEvent)>,
 }
 
 /// Deadlines without a timer per call: each waiter's deadline sits in the pending table, and
@@ -140,6 +148,8 @@ impl StreamConn {
             preamble_read: AtomicBool::new(false),
             preamble_event: Default::default(),
             wants_deadlines: opts.send_deadlines,
+            peer_streams: AtomicBool::new(false),
+            streams: Streams::default(),
             early_bundles: !lifo_runtime(),
             limits,
         });
@@ -172,7 +182,7 @@ impl StreamConn {
                 () = tokio::time::sleep_until(Instant::from_std(live.deadline())) => {}
             }
             let reads = self.reads.load(Ordering::Relaxed);
-            let busy = self.pending.len() > 0;
+            let busy = self.pending.len() > 0 || !self.streams.is_empty();
             match live.poll_busy(Instant::now().into_std(), reads, busy) {
                 Action::Wait => {}
                 Action::Ping => {
@@ -220,7 +230,8 @@ impl StreamConn {
             let never_sent = never_sent(err.clone());
             self.pending.fail_ids(request_ids(unsent, self.limits), &never_sent);
         }
-        self.pending.fail_all(err);
+        self.pending.fail_all(err.clone());
+        self.streams.fail_all(&err);
         self.sweeper.wake.notify_one();
     }
 
@@ -300,6 +311,7 @@ impl StreamConn {
             return None;
         };
         self.peer_extensions.store(reader.peer_features() & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
+        self.peer_streams.store(reader.peer_features() & FEATURE_STREAMS != 0, Ordering::Relaxed);
         self.preamble_read.store(true, Ordering::Release);
         self.preamble_event.cancel();
         Some(read)
@@ -339,8 +351,32 @@ impl StreamConn {
     /// a go-away.
     fn deliver(&self, turn: &mut Turn) {
         let mut pings = Vec::new();
-        let Turn { batch, done, go_away, refused, leaving } = turn;
+        let Turn { batch, done, go_away, refused, leaving, stream_events } = turn;
+        let streams = !self.streams.is_empty();
         let replies = batch.drain(..).filter_map(|m| match m {
+            Message::StreamItem { id, payload } => {
+                stream_events.push((id, StreamEvent::Item(payload)));
+                None
+            }
+            Message::StreamEnd { id } => {
+                stream_events.push((id, StreamEvent::End));
+                None
+            }
+            // An error ends a stream as it ends a call: the stream's, if one has its id; and
+            // a reply ends a client stream.
+            Message::Error { id, code, message } if streams && self.streams.contains(id) => {
+                let e = Error::Remote(Status::new(code, as_str(&message)));
+                stream_events.push((id, StreamEvent::Failed(e)));
+                None
+            }
+            Message::Reply { id, payload } if streams && self.streams.contains(id) => {
+                stream_events.push((id, StreamEvent::Reply(payload)));
+                None
+            }
+            Message::StreamCredit { id, credit } => {
+                stream_events.push((id, StreamEvent::Credit(credit)));
+                None
+            }
             Message::Reply { id, payload } => Some((id, Ok(Reply::One(payload)))),
             Message::BatchReply { id, items } => Some((id, Ok(Reply::Batch(items)))),
             Message::Error { id, code, message } => {
@@ -360,9 +396,11 @@ impl StreamConn {
             | Message::Pong { .. }
             | Message::Request { .. }
             | Message::BatchRequest { .. }
-            | Message::Cancel { .. } => None,
+            | Message::Cancel { .. }
+            | Message::StreamOpen { .. } => None,
         });
         let late = self.pending.take_batch(replies, done);
+        self.streams.deliver(stream_events);
         if late > 0 {
             tracing::trace!(late, "dropped replies nobody waits for (timed out)");
         }
@@ -603,6 +641,102 @@ impl StreamConn {
 
     pub fn pending_len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Opens a stream of `names` and `shape` (PROTOCOL.md §9.9) under id `id` (or the next
+    /// free one): `window` items of credit for the server, `timeout` as the stream's budget,
+    /// `request` writing the open's payload. Returns the id taken, the stream's events (and
+    /// credit, if the client sends items) and whether the budget was sent.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open_stream(
+        &self,
+        mut id: u64,
+        mut next_id: impl FnMut() -> u64,
+        (names, shape): ((&str, &str), u8),
+        request: impl FnOnce(&mut bytes::BytesMut) -> Result<(), crate::codec::CodecError>,
+        window: u32,
+        (timeout, preamble_within): (Option<Duration>, Duration),
+        trace: Option<&TraceParent>,
+    ) -> Result<(u64, Registered, bool), Error> {
+        // Only the server's preamble says whether it takes streams.
+        let wait = timeout.unwrap_or(preamble_within).min(preamble_within);
+        let left = if self.preamble_read.load(Ordering::Acquire) {
+            timeout
+        } else {
+            let t0 = Instant::now();
+            if Box::pin(self.features(wait)).await.is_err() {
+                return Err(Error::Timeout(wait));
+            }
+            timeout.map(|t| t.saturating_sub(t0.elapsed()))
+        };
+        if let Some(e) = self.ended.get() {
+            return Err(e.clone());
+        }
+        if !self.peer_streams.load(Ordering::Relaxed) {
+            return Err(Error::Usage(format!(
+                "{}: the server does not accept streams (its preamble did not announce the STREAMS feature)",
+                self.peer
+            )));
+        }
+        let sends = shape != crate::proto::message::shape::SERVER;
+        let registered = loop {
+            match self.streams.insert(id, sends) {
+                Some(r) => break r,
+                None => id = next_id(),
+            }
+        };
+        // A failure between the check above and the insert would have missed this stream.
+        if let Some(e) = self.ended.get() {
+            self.streams.remove(id);
+            return Err(e.clone());
+        }
+        let ext = self.extensions(left.unwrap_or(Duration::MAX), trace);
+        let pushed = self.outbox.push(|fb| fb.stream_open(id, 0, &ext, names, (shape, window), request));
+        match pushed {
+            Ok(Ok(())) => Ok((id, registered, ext.deadline_micros.is_some())),
+            Ok(Err(e)) => {
+                self.streams.remove(id);
+                Err(build_error(e))
+            }
+            Err(_closed) => {
+                self.streams.remove(id);
+                Err(self
+                    .ended
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| Error::Connection(format!("connection to {} is closed", self.peer))))
+            }
+        }
+    }
+
+    /// Sends one item of stream `id` (its credit taken by the caller).
+    pub fn send_item<T: Wire>(&self, id: u64, item: &T) -> Result<(), Error> {
+        match self.outbox.push(|fb| fb.stream_item(id, |b| item.encode(b))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(build_error(e)),
+            Err(_closed) => Err(self
+                .ended
+                .get()
+                .cloned()
+                .unwrap_or_else(|| Error::Connection(format!("connection to {} is closed", self.peer)))),
+        }
+    }
+
+    /// Sends the end of the client's items on stream `id`.
+    pub fn end_items(&self, id: u64) {
+        let _ = self.outbox.push(|fb| fb.stream_end(id));
+    }
+
+    /// Grants stream `id` `credit` more items.
+    pub fn grant(&self, id: u64, credit: u32) {
+        let _ = self.outbox.push(|fb| fb.stream_credit(id, credit));
+    }
+
+    /// The caller gave stream `id` up: forget it and tell the server (when it was still open).
+    pub fn cancel_stream(&self, id: u64) {
+        if self.streams.remove(id) {
+            let _ = self.outbox.push(|fb| fb.cancel(id));
+        }
     }
 }
 

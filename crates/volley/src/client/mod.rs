@@ -16,8 +16,11 @@ mod conn;
 mod flow;
 mod id_table;
 mod pending;
+mod stream;
+mod stream_table;
 
 pub use batch::{BatchOptions, BatchStream};
+pub use stream::{StreamOptions, StreamSender, Streaming, Upload};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -27,4 +27,4 @@ pub(crate) mod stats;
 pub(crate) mod vars;
 
 pub(crate) use method::{CallMeter, Meter, MethodMetrics, Timing};
-pub use scrape::ConnectionCounts;
+pub use scrape::{ConnectionCounts, StreamCounts};

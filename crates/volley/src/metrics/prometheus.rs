@@ -197,6 +197,19 @@ fn server(enc: &mut DescriptorEncoder, s: &Scrape) -> Result<(), FmtError> {
         "Requests whose running handler was stopped because their client cancelled them.",
         sv.cancelled,
     )?;
+    counter(enc, "volley_server_streams_opened", "Server streams opened.", sv.streams.opened)?;
+    counter(enc, "volley_server_stream_items", "Items sent on server streams.", sv.streams.items)?;
+    gauge(enc, "volley_server_streams_open", "Server streams open now.", sv.streams.open())?;
+    let mut m = enc.encode_descriptor(
+        "volley_server_streams_ended",
+        "Server streams ended, by reason: done (the producer finished), error, cancelled (by the \
+         client, or its connection closed), deadline, shutdown.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (reason, n) in sv.streams.ended {
+        m.encode_family(&[("reason", reason)])?.encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+    }
     gauge(
         enc,
         "volley_server_queued_requests",

@@ -46,6 +46,8 @@ pub(crate) struct ServerScrape {
     /// Requests held now by handlers that did not finish on their first poll (what
     /// `ServerConfig::max_queued` bounds).
     pub queued: u64,
+    /// Server streams: opened, items sent, how they ended.
+    pub streams: StreamCounts,
 }
 
 /// Requests answered `DeadlineExceeded` because their caller's time budget ran out.
@@ -132,5 +134,31 @@ impl Scrape {
     /// The client methods of the process, read now.
     pub(crate) fn client_methods() -> Vec<Named> {
         super::client::methods().into_iter().map(Named::of).collect()
+    }
+}
+
+/// A server's streams so far ([`Server::stream_stats`](crate::Server::stream_stats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamCounts {
+    /// Streams opened.
+    pub opened: u64,
+    /// Items sent, over all streams.
+    pub items: u64,
+    /// Streams ended, by reason: `done` (the producer finished), `error` (the handler's error,
+    /// a panic, a request that did not decode), `cancelled` (by the client, or its connection
+    /// closed), `deadline`, `shutdown`.
+    pub ended: [(&'static str, u64); 5],
+}
+
+impl StreamCounts {
+    /// Streams ended for `reason` (one of the names in [`ended`](Self::ended); 0 for others).
+    pub fn ended(&self, reason: &str) -> u64 {
+        self.ended.iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n)
+    }
+
+    /// Streams open now.
+    pub fn open(&self) -> u64 {
+        self.opened.saturating_sub(self.ended.iter().map(|(_, n)| n).sum())
     }
 }

@@ -76,6 +76,12 @@ impl Window {
                 "deadline_expired": sv.expiries,
                 "cancelled_requests": sv.cancelled,
                 "queued_requests": sv.queued,
+                "streams": {
+                    "opened": sv.streams.opened,
+                    "open": sv.streams.open(),
+                    "items": sv.streams.items,
+                    "ended": sv.streams.ended.iter().map(|(r, n)| (r.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+                },
                 "methods": methods("server", &sv.methods),
             },
             "client": { "methods": methods("client", &scrape.client) },

@@ -191,6 +191,21 @@ fn decode_frame_inner(body: &Bytes, limits: &Limits, out: &mut Vec<Message>) -> 
                 }
                 Message::Auth { token: c.take(n)? }
             }
+            Kind::StreamOpen => {
+                let (flags, id, names, ext) = c.addressed_header()?;
+                let shape = c.u8()?;
+                let credit = c.u32()?;
+                let n = c.u32()? as usize;
+                let payload = c.take(n)?;
+                Message::StreamOpen { id, flags, shape, credit, names, ext, payload }
+            }
+            Kind::StreamItem => {
+                let id = c.u64()?;
+                let n = c.u32()? as usize;
+                Message::StreamItem { id, payload: c.take(n)? }
+            }
+            Kind::StreamEnd => Message::StreamEnd { id: c.u64()? },
+            Kind::StreamCredit => Message::StreamCredit { id: c.u64()?, credit: c.u32()? },
         };
         out.push(msg);
     }

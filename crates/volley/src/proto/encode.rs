@@ -216,6 +216,52 @@ impl FrameBuilder {
         )
     }
 
+    /// Appends a stream's open (PROTOCOL.md §6.12): `shape`, the `credit` granted to the
+    /// server, and for a server stream the request, encoded by `write`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stream_open<E>(
+        &mut self,
+        id: u64,
+        flags: u8,
+        ext: &Extensions,
+        (service, method): (&str, &str),
+        (shape, credit): (u8, u32),
+        write: impl FnOnce(&mut BytesMut) -> Result<(), E>,
+    ) -> Result<(), BuildError<E>> {
+        check_name(service)?;
+        check_name(method)?;
+        self.message(
+            |b| {
+                addressed_header(b, Kind::StreamOpen, flags, id, (service, method), ext);
+                b.extend_from_slice(&[shape]);
+                b.extend_from_slice(&credit.to_le_bytes());
+            },
+            Payload::Write(write),
+        )
+    }
+
+    /// Appends one item of stream `id`, encoded by `write` (§6.13).
+    pub fn stream_item<E>(
+        &mut self,
+        id: u64,
+        write: impl FnOnce(&mut BytesMut) -> Result<(), E>,
+    ) -> Result<(), BuildError<E>> {
+        self.message(|b| id_header(b, Kind::StreamItem, id), Payload::Write(write))
+    }
+
+    /// Appends the end of the sender's side of stream `id` (§6.14).
+    pub fn stream_end(&mut self, id: u64) {
+        self.fixed(|b| id_header(b, Kind::StreamEnd, id));
+    }
+
+    /// Appends `credit` more items granted on stream `id` (§6.15).
+    pub fn stream_credit(&mut self, id: u64, credit: u32) {
+        self.fixed(|b| {
+            id_header(b, Kind::StreamCredit, id);
+            b.extend_from_slice(&credit.to_le_bytes());
+        });
+    }
+
     /// Appends an error reply. Over-long messages are cut (at a character boundary) to fit.
     pub fn error(&mut self, id: u64, code: Code, message: &str) {
         let message = truncate_str(message, self.text_room(1 + 8 + 2 + 4));
@@ -592,6 +638,14 @@ fn addressed_header(
     if !ext.is_empty() {
         ext.write(b);
     }
+}
+
+/// A kind byte and an id: the head of the messages about one request or stream.
+fn id_header(b: &mut BytesMut, kind: Kind, id: u64) {
+    let mut head = [0u8; 9];
+    head[0] = kind as u8;
+    head[1..].copy_from_slice(&id.to_le_bytes());
+    b.extend_from_slice(&head);
 }
 
 fn reply_header(b: &mut BytesMut, id: u64) {

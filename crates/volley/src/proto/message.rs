@@ -22,6 +22,10 @@ pub enum Kind {
     BatchRequest = 0x08,
     BatchReply = 0x09,
     Auth = 0x0a,
+    StreamOpen = 0x10,
+    StreamItem = 0x11,
+    StreamEnd = 0x12,
+    StreamCredit = 0x13,
 }
 
 impl Kind {
@@ -37,6 +41,10 @@ impl Kind {
             0x08 => Kind::BatchRequest,
             0x09 => Kind::BatchReply,
             0x0a => Kind::Auth,
+            0x10 => Kind::StreamOpen,
+            0x11 => Kind::StreamItem,
+            0x12 => Kind::StreamEnd,
+            0x13 => Kind::StreamCredit,
             _ => return None,
         })
     }
@@ -92,6 +100,41 @@ pub enum Message {
     Auth {
         token: Bytes,
     },
+    /// Opens a stream (`docs/PROTOCOL.md` §6.12): `credit` items the server may send before
+    /// more credit; for a server stream the payload is the request.
+    StreamOpen {
+        id: u64,
+        flags: u8,
+        shape: u8,
+        credit: u32,
+        names: Names,
+        ext: super::Extensions,
+        payload: Bytes,
+    },
+    /// One item of an open stream, either way (§6.13).
+    StreamItem {
+        id: u64,
+        payload: Bytes,
+    },
+    /// The sender sends no more items on the stream (§6.14).
+    StreamEnd {
+        id: u64,
+    },
+    /// The sender takes `credit` more items on the stream (§6.15).
+    StreamCredit {
+        id: u64,
+        credit: u32,
+    },
+}
+
+/// Stream shapes (the `shape` byte of a [`Message::StreamOpen`]).
+pub mod shape {
+    /// One request, items from the server.
+    pub const SERVER: u8 = 1;
+    /// Items from the client, one reply.
+    pub const CLIENT: u8 = 2;
+    /// Items both ways.
+    pub const BOTH: u8 = 3;
 }
 
 /// The service and method names of a request, kept as they lie on the wire: one slice of the

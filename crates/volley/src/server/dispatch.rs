@@ -23,8 +23,9 @@ use super::peer::Peer;
 use super::replies::{Replies, expire};
 use super::running::Running;
 use super::shared::Shared;
+use super::stream::ConnStreams;
 use crate::proto::encode::FrameBuilder;
-use crate::proto::message::as_str;
+use crate::proto::message::{as_str, shape};
 use crate::proto::{BatchItems, Code, Limits, Message, Names, ProtocolError};
 use crate::trace;
 use crate::transport::outbox::Outbox;
@@ -80,6 +81,9 @@ pub(super) struct Dispatch {
     /// The span of the group being built, when a subscriber records served requests: such a
     /// request is served as a group of its own, so that the handler runs in its span.
     span: Option<Span>,
+    /// The streams this connection has open, for the client's credit and cancels; they end
+    /// when the connection stops reading (this is dropped).
+    streams: ConnStreams,
 }
 
 /// The deadline a group of requests runs under: the latest of theirs, so that no request is
@@ -209,7 +213,20 @@ impl Dispatch {
                     }
                 }
                 Message::Ping { token } => self.pings.push(token),
-                Message::Cancel { id } => self.running.cancel(id),
+                Message::Cancel { id } => {
+                    self.running.cancel(id);
+                    self.streams.cancel(id);
+                }
+                Message::StreamOpen { id, shape, credit, names, ext, payload, .. } => {
+                    self.flush(c, out);
+                    self.key = None;
+                    if let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) {
+                        self.open_stream(c, out, (id, shape, credit), &names, payload, deadline);
+                    }
+                }
+                Message::StreamCredit { id, credit } => self.streams.credit(id, credit),
+                Message::StreamItem { id, payload } => self.streams.item(id, Some(payload)),
+                Message::StreamEnd { id } => self.streams.item(id, None),
                 // Auth was checked when the connection opened (a repeated one changes nothing).
                 Message::Pong { .. } | Message::Auth { .. } => {}
                 Message::GoAway { code, message } => {
@@ -339,6 +356,52 @@ impl Dispatch {
             }
         };
         self.start(c, out, in_span(fut, span), n, deadline);
+    }
+
+    /// Opens stream `id` of `names` (PROTOCOL.md §9.9), or answers why it cannot be.
+    fn open_stream(
+        &mut self,
+        c: &Conn<'_>,
+        out: &mut FrameBuilder,
+        (id, shape, credit): (u64, u8, u32),
+        names: &Names,
+        request: Bytes,
+        deadline: Option<Instant>,
+    ) {
+        let route = match c.shared.router.lookup_stream(names.service(), names.method()) {
+            Ok(route) => route,
+            Err(status) => return out.error(id, status.code, &status.message),
+        };
+        let served = route.handler.shape();
+        if shape != served {
+            let name = |s| match s {
+                shape::SERVER => "a server stream",
+                shape::CLIENT => "a client stream",
+                shape::BOTH => "a both-way stream",
+                _ => "an unknown shape",
+            };
+            let why = format!(
+                "{names:?} is {} (shape {served}); it was opened as {} ({shape})",
+                name(served),
+                name(shape)
+            );
+            return out.error(id, Code::BadRequest, &why);
+        }
+        let opened = super::stream_task::start(
+            &self.streams.0,
+            c.shared,
+            c.outbox,
+            c.inflight,
+            route.handler.clone(),
+            (id, credit, request),
+            deadline,
+        );
+        match opened {
+            // A stream that takes the client's items grants it its first window at once.
+            Ok(()) if shape != shape::SERVER => out.stream_credit(id, super::stream::IN_WINDOW),
+            Ok(()) => {}
+            Err(status) => out.error(id, status.code, &status.message),
+        }
     }
 
     /// Hands the items of batch request `id` to its handler.

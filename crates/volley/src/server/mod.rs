@@ -30,6 +30,8 @@ mod replies;
 mod router;
 mod running;
 mod shared;
+mod stream;
+mod stream_task;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -44,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use crate::codec::{Json, Wire};
 use crate::error::{Error, Status};
 use crate::liveness::Keepalive;
-use crate::method::Method;
+use crate::method::{BidiStreamMethod, ClientStreamMethod, Method, StreamMethod};
 use crate::metrics::MethodMetrics;
 use crate::metrics::scrape::RegistrySource;
 use crate::metrics::stats::{Counters, Snapshot};
@@ -55,10 +57,10 @@ use crate::transport::inproc::{self, AnyMethod, LocalServer};
 use crate::transport::socket;
 use handler::TypedHandler;
 use host::Host;
-use router::{Route, Router};
+use router::{Route, Router, StreamRoute};
 use shared::{Observe, Shared};
 
-pub use crate::metrics::ConnectionCounts;
+pub use crate::metrics::{ConnectionCounts, StreamCounts};
 pub use batch::BatchResult;
 pub use config::ServerConfig;
 pub use drain::{Drain, StopSignal, shutdown_signal};
@@ -66,6 +68,7 @@ pub(crate) use health::LeaseHealth;
 pub use limit::ConcurrencyLimit;
 pub use peer::current_peer;
 pub(crate) use peer::{ConnectionScope, current_connection};
+pub use stream::Incoming;
 
 /// Registers handlers, then builds a [`Server`].
 pub struct ServerBuilder {
@@ -100,6 +103,63 @@ impl ServerBuilder {
     {
         self = self.route(m, TypedHandler::from_item_fn(f), HandlerKind::Single);
         self.router.set_alone(m.service(), m.name());
+        self
+    }
+
+    /// Registers a server-stream handler (`docs/PROTOCOL.md` §9.9): for each request it
+    /// returns a stream of items, sent to the client as it grants credit. The stream is
+    /// polled only while the client has room, so a slow reader holds the producer back; it is
+    /// dropped when the client cancels, the stream's deadline passes or the connection ends.
+    ///
+    /// ```
+    /// # use volley::{Server, Status, StreamMethod};
+    /// const COUNT: StreamMethod<u32, u32> = StreamMethod::new("demo", "count");
+    /// let builder = Server::builder().handle_stream(&COUNT, |n| async move {
+    ///     Ok(futures_util::stream::iter((0..n).map(Ok::<u32, Status>)))
+    /// });
+    /// ```
+    pub fn handle_stream<Req, Item, F, Fut, S>(self, m: &StreamMethod<Req, Item>, f: F) -> Self
+    where
+        Req: Wire,
+        Item: Wire,
+        F: Fn(Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<S, Status>> + Send + 'static,
+        S: futures_util::Stream<Item = Result<Item, Status>> + Send + 'static,
+    {
+        self.stream_route(m.service(), m.name(), Arc::new(stream::TypedStreamHandler::new(f)))
+    }
+
+    /// Registers a client-stream handler (`docs/PROTOCOL.md` §9.9): it reads the client's
+    /// items from an [`Incoming`] (taking them grants the client room for more) and returns
+    /// one reply.
+    pub fn handle_client_stream<Req, Resp, F, Fut>(self, m: &ClientStreamMethod<Req, Resp>, f: F) -> Self
+    where
+        Req: Wire,
+        Resp: Wire,
+        F: Fn(Incoming<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, Status>> + Send + 'static,
+    {
+        self.stream_route(m.service(), m.name(), Arc::new(stream::ClientStreamHandler::new(f)))
+    }
+
+    /// Registers a both-way stream handler (`docs/PROTOCOL.md` §9.9): it reads the client's
+    /// items from an [`Incoming`] and returns a stream of its own items, sent as the client
+    /// grants credit (as for [`handle_stream`](Self::handle_stream)).
+    pub fn handle_bidi_stream<Req, Item, F, Fut, S>(self, m: &BidiStreamMethod<Req, Item>, f: F) -> Self
+    where
+        Req: Wire,
+        Item: Wire,
+        F: Fn(Incoming<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<S, Status>> + Send + 'static,
+        S: futures_util::Stream<Item = Result<Item, Status>> + Send + 'static,
+    {
+        self.stream_route(m.service(), m.name(), Arc::new(stream::BidiStreamHandler::new(f)))
+    }
+
+    fn stream_route(mut self, service: &str, method: &str, handler: Arc<dyn stream::StreamHandler>) -> Self {
+        if !self.router.insert_stream(service, method, StreamRoute { handler }) {
+            panic!("{service}/{method} registered twice");
+        }
         self
     }
 
@@ -482,6 +542,11 @@ impl Server {
     /// the call): the handler's work was dropped.
     pub fn cancelled_requests(&self) -> u64 {
         self.shared.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// The server's streams so far: opened, items sent, and how they ended.
+    pub fn stream_stats(&self) -> StreamCounts {
+        self.shared.observe.streams.counts()
     }
 
     /// How many connections the server serves and has opening now.

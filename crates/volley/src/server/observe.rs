@@ -39,6 +39,7 @@ impl Shared {
                 expiries: self.expiries(),
                 cancelled: self.cancelled.load(Relaxed),
                 queued: self.queued.load(Relaxed) as u64,
+                streams: self.observe.streams.counts(),
             },
             client: Scrape::client_methods(),
             identity: self.identity(self.observe.registry.get().is_some()),

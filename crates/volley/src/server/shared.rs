@@ -125,6 +125,8 @@ pub(crate) struct Observe {
     /// The admin endpoint's address, once started.
     pub(crate) admin: tokio::sync::OnceCell<SocketAddr>,
     pub(crate) registry: OnceLock<Arc<dyn RegistrySource>>,
+    /// Streams opened, their items, and how they ended.
+    pub(crate) streams: Arc<super::stream::StreamStats>,
 }
 
 impl Default for Observe {
@@ -135,6 +137,7 @@ impl Default for Observe {
             started: Instant::now(),
             admin: tokio::sync::OnceCell::new(),
             registry: OnceLock::new(),
+            streams: Default::default(),
         }
     }
 }

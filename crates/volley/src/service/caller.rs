@@ -12,10 +12,10 @@ use std::future::Future;
 
 use futures_util::stream::{self, Stream, StreamExt};
 
-use crate::client::{BatchOptions, CallOptions, Client};
+use crate::client::{BatchOptions, CallOptions, Client, StreamOptions, Streaming};
 use crate::codec::{StableHash, Wire};
 use crate::error::Error;
-use crate::method::Method;
+use crate::method::{Method, StreamMethod};
 use crate::service_client::{Gathered, ServiceClient};
 
 /// Calls methods whose request type is `Req` and reply type `Resp`: implemented by
@@ -176,5 +176,46 @@ impl<Req: Wire + Clone, Resp: Wire> ServiceCaller<Req, Resp> for ServiceClient {
         opts: CallOptions,
     ) -> impl Future<Output = Result<Vec<Gathered<Resp>>, Error>> + Send {
         self.scatter_with(m, req, opts)
+    }
+}
+
+/// Opens server streams whose request type is `Req` and item type `Item`: implemented by
+/// [`Client`] and [`ServiceClient`] for every pair of [`Wire`] types. A stream stays on the
+/// connection (the instance) that opened it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot open a stream with request `{Req}` and items `{Item}`",
+    note = "a `Client` or a `ServiceClient` opens streams whose request and items are wire types (`volley::wire!`)"
+)]
+pub trait StreamCaller<Req, Item> {
+    /// Opens the stream ([`Client::open_stream_with`]).
+    fn open(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<Streaming<Item>, Error>> + Send;
+}
+
+#[diagnostic::do_not_recommend]
+impl<Req: Wire, Item: Wire> StreamCaller<Req, Item> for Client {
+    fn open(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<Streaming<Item>, Error>> + Send {
+        self.open_stream_with(m, req, opts)
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<Req: Wire, Item: Wire> StreamCaller<Req, Item> for ServiceClient {
+    fn open(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<Streaming<Item>, Error>> + Send {
+        self.open_stream_with(m, req, opts)
     }
 }

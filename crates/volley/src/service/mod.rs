@@ -17,7 +17,11 @@
 mod caller;
 mod register;
 
-pub use caller::{Caller, ServiceCaller};
+pub use caller::{Caller, ServiceCaller, StreamCaller};
+
+/// What a stream method of a service returns: its items, each a result (an error ends the
+/// stream). Make one with `Box::pin(stream)` or `StreamExt::boxed`.
+pub type ItemStream<T> = futures_util::stream::BoxStream<'static, Result<T, crate::Status>>;
 /// The stream a generated client's `_stream` method returns.
 pub use futures_util::stream::Stream;
 

@@ -13,13 +13,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::watch::watch_loop;
 use crate::balance::{Balance, InstanceStats, Outliers, Pick, Pool, PoolConfig, PoolStats, hash_key};
-use crate::client::{BatchOptions, CallOptions, ClientConfig};
+use crate::client::{BatchOptions, CallOptions, ClientConfig, StreamOptions, Streaming};
 use crate::codec::{StableHash, Wire};
 use crate::discovery::Instance;
 use crate::discovery::wire::{RelayRequest, Target};
 use crate::error::Error;
 use crate::liveness::Keepalive;
-use crate::method::Method;
+use crate::method::{Method, StreamMethod};
 use crate::metrics::stats::Snapshot;
 use crate::registry::Registry;
 use crate::retry::{Hedge, Plan, Retrier, RetryBudget, RetryConfig};
@@ -588,5 +588,53 @@ impl ServiceClient {
             .clone();
         self.inner.resolving.lock().remove(service);
         Ok(pool)
+    }
+}
+
+/// Server streams through the registry (PROTOCOL.md §9.9).
+impl ServiceClient {
+    /// Opens server stream `m` on an instance of its service, picked by the balancing policy;
+    /// the stream stays on that instance until it ends. An instance that cannot be connected
+    /// to is passed over for another, as for a call; once the open is sent it is not sent
+    /// again (a stream's items may already have been taken). Direct mode only: the registry's
+    /// relay forwards single calls, so in relayed mode the open is refused with
+    /// `Error::Usage`.
+    pub async fn open_stream_with<Req: Wire, Item: Wire>(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+        opts: StreamOptions,
+    ) -> Result<Streaming<Item>, Error> {
+        if self.inner.config.mode == Mode::Relayed {
+            return Err(Error::Usage(format!(
+                "{m:?}: streams do not go through the registry's relay (it forwards single calls and \
+                 answers each with one reply); open them in direct mode"
+            )));
+        }
+        let pool = self.pool(m.service()).await?;
+        self.inner.calls.fetch_add(1, Relaxed);
+        let mut slot = Some(req);
+        // The pool connects before it calls the attempt, and moves on to another instance
+        // only on a failed connect: the open is sent at most once.
+        pool.call(&Pick::Balanced, Plan::once(), |client| {
+            let req = slot.take();
+            async move {
+                match req {
+                    Some(req) => client.open_stream_with(m, req, opts).await,
+                    None => Err(Error::Usage("a stream open was attempted twice".into())),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Opens server stream `m` with the default options (see
+    /// [`open_stream_with`](Self::open_stream_with)).
+    pub async fn open_stream<Req: Wire, Item: Wire>(
+        &self,
+        m: &StreamMethod<Req, Item>,
+        req: Req,
+    ) -> Result<Streaming<Item>, Error> {
+        self.open_stream_with(m, req, StreamOptions::default()).await
     }
 }
