@@ -133,7 +133,13 @@ async fn serve(
     }
     say_why(&end, &outbox, &peer);
     outbox.close();
-    flush(&shared, &outbox, writer, &peer).await;
+    if matches!(end, End::Dead) {
+        // It answered nothing, not even a ping: it reads nothing either, and waiting for it to
+        // take the replies would hold them for another write stall.
+        writer.abort();
+    } else {
+        flush(&shared, &outbox, writer, &peer).await;
+    }
     if !matches!(end, End::PeerClosed | End::Io(_) | End::Dead) {
         // We closed first, with a go-away: let the peer read it before the socket goes.
         reader.drain(LINGER).await;
