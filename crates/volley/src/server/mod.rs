@@ -230,6 +230,7 @@ impl ServerBuilder {
             host,
             bound: Mutex::new(Vec::new()),
             queued: AtomicUsize::new(0),
+            queued_in_batches: AtomicUsize::new(0),
             cancelled: Default::default(),
             observe: Observe::default(),
         });
