@@ -46,6 +46,13 @@ pub(crate) struct ServerScrape {
     /// Requests held now by handlers that did not finish on their first poll (what
     /// `ServerConfig::max_queued` bounds).
     pub queued: u64,
+    /// Bytes held now in buffers of large frames being received, and their bound
+    /// (`ServerConfig::receive_budget`).
+    pub receive_held: u64,
+    pub receive_budget: u64,
+    /// The adaptive concurrency limit now and the requests admitted under it, if the server
+    /// has one.
+    pub concurrency: Option<(u64, u64)>,
 }
 
 /// Requests answered `DeadlineExceeded` because their caller's time budget ran out.

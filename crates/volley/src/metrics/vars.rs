@@ -76,6 +76,10 @@ impl Window {
                 "deadline_expired": sv.expiries,
                 "cancelled_requests": sv.cancelled,
                 "queued_requests": sv.queued,
+                "receive_budget": { "held_bytes": sv.receive_held, "bytes": sv.receive_budget },
+                "concurrency_limit": sv.concurrency.map(|(limit, in_flight)| json!({
+                    "limit": limit, "in_flight": in_flight,
+                })),
                 "methods": methods("server", &sv.methods),
             },
             "client": { "methods": methods("client", &scrape.client) },

@@ -130,6 +130,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Most bytes held, over all connections, for large frames being received (default 256 MiB).
+    /// See [`ServerConfig::receive_budget`].
+    pub fn receive_budget(mut self, bytes: usize) -> Self {
+        self.config.receive_budget = bytes;
+        self
+    }
+
     /// Payload size from which requests are decoded and answered on the codec pool instead of
     /// the connection's task (default 64 KiB; `usize::MAX` turns it off). See
     /// [`ServerConfig::offload_min_bytes`].
@@ -213,8 +220,10 @@ impl ServerBuilder {
         }
         let limiter =
             self.config.concurrency_limit.map(|c| limit::Limiter::new(c, tokio::time::Instant::now()));
+        let receive = crate::transport::budget::ReceiveBudget::new(self.config.receive_budget);
         let shared = Arc::new(Shared {
             limiter,
+            receive,
             router: self.router,
             config: self.config,
             counters: Counters::default(),

@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) observe: Observe,
     /// The adaptive concurrency limit, if the server has one.
     pub(crate) limiter: Option<Limiter>,
+    /// The bound on buffers of large frames being received, over every connection.
+    pub(crate) receive: Arc<crate::transport::budget::ReceiveBudget>,
 }
 
 impl Shared {
