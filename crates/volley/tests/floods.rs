@@ -1,5 +1,6 @@
 //! Floods that must cost only their senders: many connections each holding most of a large
-//! frame (the server's receive budget). Each runs with a canary on another connection that must keep
+//! frame (the server's receive budget), stalled request heads at the admin endpoint, and a
+//! flood of scrapes beside RPC. Each runs with a canary on another connection that must keep
 //! being served. Bounds on time are generous: the machine may be loaded.
 
 use std::net::SocketAddr;
@@ -156,6 +157,120 @@ async fn a_frame_larger_than_the_budget_is_refused_at_once_with_a_clear_reason()
     assert!(reason.contains("budget of 1048576 bytes"), "{reason}");
     assert!(t.elapsed() < Duration::from_secs(10), "refused only after {:?}", t.elapsed());
     canary(&client, 1).await;
+    server.shutdown().await;
+}
+
+/// 32 connections that send half a request head, re-opened again and again, cannot lock
+/// scrapers out of the admin endpoint: a newcomer takes the place of the oldest half-open one,
+/// and a head that does not arrive within seconds frees its place anyway. Every scrape is
+/// answered, and well within a second unless the machine is loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_request_heads_do_not_lock_scrapers_out_of_the_admin_endpoint() {
+    let (server, addr, admin) = serve(Server::builder()).await;
+    let client = Client::connect(&addr).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stalled = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut opened = 0u64;
+            while !stop.is_cancelled() {
+                let mut held = Vec::new();
+                for _ in 0..32 {
+                    if let Ok(mut s) = TcpStream::connect(admin).await {
+                        let _ = s.write_all(b"GET /metr").await;
+                        held.push(s);
+                        opened += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            opened
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut slowest = Duration::ZERO;
+    for n in 0..20u32 {
+        let t = Instant::now();
+        let answer = get_within(admin, "/metrics", Duration::from_secs(5)).await;
+        let took = t.elapsed();
+        let (code, body) = answer.unwrap_or_else(|| panic!("scrape {n} not answered within 5 s"));
+        assert_eq!(code, 200);
+        assert!(body.contains("volley_server_connections_open"), "{body}");
+        slowest = slowest.max(took);
+        canary(&client, n).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    let opened = stalled.await.unwrap();
+    assert!(opened >= 64, "the stalled heads were re-opened: {opened}");
+    eprintln!("20 scrapes beside {opened} stalled heads: slowest {slowest:?}");
+    server.shutdown().await;
+}
+
+/// The p99 of `samples`.
+fn p99(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[(samples.len() * 99 / 100).min(samples.len() - 1)]
+}
+
+/// 32 clients scraping `/metrics` and `/vars.json` as fast as they can do not stall RPC: the
+/// endpoint runs on a thread of its own. A canary calling all along is served every time; its
+/// p99 with and without the flood is printed (and must stay within a bound loose enough for a
+/// loaded 2-core machine, where the flood's thread takes a core's share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_flood_does_not_stall_rpc() {
+    // Many methods make a large scrape.
+    let mut builder = Server::builder();
+    const METHODS: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let methods: Vec<Method<Bytes, Bytes>> =
+        METHODS.iter().flat_map(|s| METHODS.iter().map(move |m| Method::new(s, m))).collect();
+    for m in &methods {
+        builder = builder.handle_fn(m, Ok);
+    }
+    let (server, addr, admin) = serve(builder).await;
+    let client = Client::connect(&addr).await.unwrap();
+    for m in &methods {
+        client.call(m, Bytes::from_static(b"x")).await.unwrap();
+    }
+    const CALLS: u32 = 2_000;
+    let measure = |client: Client| async move {
+        let mut lat = Vec::with_capacity(CALLS as usize);
+        for n in 0..CALLS {
+            lat.push(canary(&client, n).await);
+        }
+        lat
+    };
+    let mut quiet = measure(client.clone()).await;
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut scrapers = Vec::new();
+    for i in 0..32 {
+        let stop = stop.clone();
+        scrapers.push(tokio::spawn(async move {
+            let path = if i % 2 == 0 { "/metrics" } else { "/vars.json" };
+            let mut served = 0u64;
+            while !stop.is_cancelled() {
+                if let Some((200, _)) = get_within(admin, path, Duration::from_secs(30)).await {
+                    served += 1;
+                }
+            }
+            served
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut flooded = measure(client.clone()).await;
+    stop.cancel();
+    let mut scrapes = 0;
+    for s in scrapers {
+        scrapes += s.await.unwrap();
+    }
+    let (q, f) = (p99(&mut quiet), p99(&mut flooded));
+    eprintln!(
+        "canary p99: {q:?} quiet, {f:?} beside {scrapes} scrapes ({:.2}x)",
+        f.as_secs_f64() / q.as_secs_f64()
+    );
+    assert!(scrapes >= 32, "the flood was served too: {scrapes} scrapes");
+    assert!(f < q * 20 + Duration::from_millis(50), "the canary's p99 went from {q:?} to {f:?}");
     server.shutdown().await;
 }
 

@@ -97,8 +97,7 @@ pub(super) async fn start_admin(shared: &Arc<Shared>) -> Result<(), Error> {
             // The endpoint outlives the drain (`/healthz` answers until the server is gone), so
             // its tasks are not among those a shutdown waits for.
             let stop = owner.gone.clone();
-            let runtime = owner.host.runtime.get().cloned().unwrap_or_else(tokio::runtime::Handle::current);
-            crate::admin::start(addr, source, stop, move |task| drop(runtime.spawn(task))).await
+            crate::admin::start_thread(addr, source, stop).await
         })
         .await
         .map(drop)
