@@ -111,6 +111,7 @@ pub fn serve(
     admin: Option<String>,
     grace: Duration,
     security: &Security,
+    shedding: crate::shedding::Shedding,
 ) -> Result<(), String> {
     if !listen.local.is_empty() && registry.is_some() && volley::discovery::host_id().is_none() {
         return Err(format!(
@@ -139,7 +140,7 @@ pub fn serve(
             if let Some(admin) = admin {
                 b = b.admin(admin);
             }
-            b
+            shedding.apply(b)
         });
         let bound = server.listen(&listen.address).await.map_err(|e| e.to_string())?;
         eprintln!("serving {name} on {bound} (SIGTERM or Ctrl-C to stop)");

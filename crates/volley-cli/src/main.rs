@@ -9,6 +9,7 @@ mod output;
 mod overload_bench;
 mod refusal;
 mod registry_bench;
+mod shedding;
 mod terminal;
 mod testbed;
 mod top;
@@ -78,6 +79,8 @@ enum Command {
         grace: f64,
         #[command(flatten)]
         security: echo::Security,
+        #[command(flatten)]
+        shedding: shedding::Shedding,
     },
     /// Run a standalone registry controller until interrupted. Prints the bound address.
     Controller {
@@ -191,10 +194,22 @@ fn main() -> std::process::ExitCode {
         .with_ansi(terminal::stderr_colour())
         .init();
     let result = match Cli::parse().command {
-        Command::ServeEcho { listen, registry, name, advertise, listen_local, admin, grace, security } => {
+        Command::ServeEcho {
+            listen,
+            registry,
+            name,
+            advertise,
+            listen_local,
+            admin,
+            grace,
+            security,
+            shedding,
+        } => {
             let listen = echo::Listen { address: listen, advertise, local: listen_local };
             match Duration::try_from_secs_f64(grace) {
-                Ok(grace) => echo::serve(&listen, registry.as_deref(), &name, admin, grace, &security),
+                Ok(grace) => {
+                    echo::serve(&listen, registry.as_deref(), &name, admin, grace, &security, shedding)
+                }
                 Err(_) => Err(format!("--grace {grace}: expected a number of seconds, 0 or more")),
             }
         }
