@@ -17,6 +17,9 @@ tests assert the behaviour with generous bounds):
               then 20 real TLS clients one after the other: handshake + one echo each.
   stalled     240 peers that send half a frame and stall: when each gets GoAway(Protocol)
               (the read timeout is 30 s by default; `--read-timeout-s` lowers it).
+  frames      32 peers that each send a 16 MiB frame minus one byte and stop: the server's
+              resident memory before and after (bounded by its receive budget, 256 MiB by
+              default), and 20 echo calls on another connection meanwhile.
 """
 
 import argparse
@@ -242,20 +245,69 @@ def stalled_mid_frame(volley, peers, read_timeout_s):
     print(f"  {with_go_away} of {peers} got GoAway(Protocol); closed after {times[0]:.2f} s to {times[-1]:.2f} s")
 
 
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def frames(volley, peers):
+    size = 16 << 20
+    print(f"{peers} peers each sending a {size >> 20} MiB frame minus one byte")
+    port = free_port()
+    server = start([volley, "serve-echo", "--listen", f"tcp://127.0.0.1:{port}"], port)
+    before = rss_kib(server.pid)
+    body = b"\0" * (size - 1)
+    held = []
+
+    def peer():
+        s = socket.create_connection(("127.0.0.1", port))
+        held.append(s)
+        try:
+            s.sendall(PREAMBLE + struct.pack("<I", size) + body)
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=peer, daemon=True) for _ in range(peers)]
+    for t in threads:
+        t.start()
+    time.sleep(5)  # the senders past the budget stay blocked in sendall
+    after = rss_kib(server.pid)
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(PREAMBLE)
+    recv_exact(c, 8)
+    answered, t = 0, time.perf_counter()
+    for i in range(20):
+        c.sendall(frame([request(i + 1, "echo", "echo", b"canary")]))
+        n = struct.unpack("<I", recv_exact(c, 4))[0]
+        recv_exact(c, n)
+        answered += 1
+    took = time.perf_counter() - t
+    print(f"  server RSS {before / 1024:.0f} MiB before, {after / 1024:.0f} MiB with the frames held; "
+          f"canary: {answered} of 20 answered in {took * 1000:.0f} ms")
+    for s in held:
+        s.close()
+    server.kill()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--volley", default="target/release/volley")
-    ap.add_argument("--only", nargs="*", choices=["deep", "flood", "stalled"])
+    ap.add_argument("--only", nargs="*", choices=["deep", "flood", "stalled", "frames"])
     ap.add_argument("--stalled-connections", type=int, default=10_050)
     ap.add_argument("--read-timeout-s", type=float, default=30.0)
     args = ap.parse_args()
-    todo = args.only or ["deep", "flood", "stalled"]
+    todo = args.only or ["deep", "flood", "stalled", "frames"]
     if "deep" in todo:
         deep(args.volley)
     if "flood" in todo:
         flood(args.volley, args.stalled_connections)
     if "stalled" in todo:
         stalled_mid_frame(args.volley, 240, args.read_timeout_s)
+    if "frames" in todo:
+        frames(args.volley, 32)
 
 
 if __name__ == "__main__":

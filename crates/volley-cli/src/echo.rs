@@ -139,6 +139,7 @@ pub fn serve(
     name: &str,
     options: Options,
     security: &Security,
+    shedding: crate::shedding::Shedding,
 ) -> Result<(), String> {
     let Options { admin, grace, record_calls } = options;
     let record = record_calls.as_deref().map(CallRecord::create).transpose()?.map(Arc::new);
@@ -169,7 +170,7 @@ pub fn serve(
             if let Some(admin) = admin {
                 b = b.admin(admin);
             }
-            b
+            shedding.apply(b)
         });
         let bound = server.listen(&listen.address).await.map_err(|e| e.to_string())?;
         eprintln!("serving {name} on {bound} (SIGTERM or Ctrl-C to stop)");

@@ -14,6 +14,7 @@ mod payload;
 mod refusal;
 mod registry_bench;
 mod rolling_bench;
+mod shedding;
 mod terminal;
 mod testbed;
 mod top;
@@ -88,6 +89,8 @@ enum Command {
         record_calls: Option<std::path::PathBuf>,
         #[command(flatten)]
         security: echo::Security,
+        #[command(flatten)]
+        shedding: shedding::Shedding,
     },
     /// Run a standalone registry controller until interrupted. Prints the bound address.
     Controller {
@@ -244,12 +247,13 @@ fn main() -> std::process::ExitCode {
             grace,
             record_calls,
             security,
+            shedding,
         } => {
             let listen = echo::Listen { address: listen, advertise, local: listen_local };
             match Duration::try_from_secs_f64(grace) {
                 Ok(grace) => {
                     let options = echo::Options { admin, grace, record_calls };
-                    echo::serve(&listen, registry.as_deref(), &name, options, &security)
+                    echo::serve(&listen, registry.as_deref(), &name, options, &security, shedding)
                 }
                 Err(_) => Err(format!("--grace {grace}: expected a number of seconds, 0 or more")),
             }

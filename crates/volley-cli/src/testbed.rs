@@ -101,6 +101,8 @@ pub struct TestbedArgs {
     /// Also draw the % cuts against the baseline as a bar chart (PNG).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    shedding: crate::shedding::Shedding,
 }
 
 pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -154,6 +156,7 @@ pub fn run(a: TestbedArgs) -> Result<(), Box<dyn std::error::Error>> {
             None => Vec::new(),
         },
         progress: !a.json,
+        adaptive_limit: a.shedding.adaptive_limit,
     };
     let report = volley_testbed::run(&setup, &configs)?;
     if a.json {
@@ -201,6 +204,8 @@ pub struct RoleArgs {
     seed: u64,
     #[arg(long)]
     corpus: Option<PathBuf>,
+    #[command(flatten)]
+    shedding: crate::shedding::Shedding,
 }
 
 pub fn role(a: RoleArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -225,6 +230,7 @@ pub fn role(a: RoleArgs) -> Result<(), Box<dyn std::error::Error>> {
             None => CorpusSpec::Synthetic { docs: a.docs, seed: a.seed },
         },
         prefer_local: a.prefer_local,
+        concurrency_limit: a.shedding.limit(),
     };
     let codec = match a.codec {
         CodecArg::General => CodecKind::General,

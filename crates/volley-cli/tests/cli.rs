@@ -519,3 +519,30 @@ fn stats_at_an_rpc_port_names_the_admin_endpoint() {
         assert!(err.contains(expect) && err.contains("--admin"), "{addr}: {err}");
     }
 }
+
+/// `serve-echo --adaptive-limit` turns the adaptive concurrency limit on: its admin endpoint
+/// shows the limit (`volley_server_concurrency_limit`); without the flag there is none.
+#[test]
+fn serve_echo_adaptive_limit_turns_the_limit_on() {
+    use std::io::{Read, Write};
+    for on in [true, false] {
+        let mut args = vec!["serve-echo", "--listen", "tcp://127.0.0.1:0", "--admin", "127.0.0.1:0"];
+        if on {
+            args.push("--adaptive-limit");
+        }
+        let mut server = Child(volley().args(&args).stderr(std::process::Stdio::piped()).spawn().unwrap());
+        let (admin, _) = stderr_until(&mut server.0, "admin endpoint on http://");
+        let admin = admin.split('/').next().unwrap().to_string();
+        let mut s = std::net::TcpStream::connect(&admin).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let limit = text.lines().find_map(|l| l.strip_prefix("volley_server_concurrency_limit "));
+        match on {
+            true => assert_eq!(limit, Some("256"), "the default initial limit: {text}"),
+            false => assert_eq!(limit, None, "no limit without the flag"),
+        }
+    }
+}

@@ -191,6 +191,7 @@ mod tests {
             exe: None,
             role_commands: Vec::new(),
             progress: false,
+            adaptive_limit: false,
         };
         let report = Report {
             setup,

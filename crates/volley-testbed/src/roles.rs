@@ -33,7 +33,7 @@ use volley::balance::{HashRing, hash_key};
 use volley::codec::Json;
 use volley::registry::{Registration, Registry};
 use volley::service_client::{Mode, ServiceConfig};
-use volley::{CallOptions, Code, Method, Server, ServiceClient, Status};
+use volley::{CallOptions, Code, ConcurrencyLimit, Method, Server, ServiceClient, Status};
 
 use crate::analyzer;
 use crate::codec::{Codec, Fast};
@@ -201,6 +201,9 @@ pub struct RoleSettings {
     pub corpus: CorpusSpec,
     /// Connect to instances on this host through their same-host (shm) addresses.
     pub prefer_local: bool,
+    /// The roles' servers shed load beyond this adaptive concurrency limit (`None`: they do
+    /// not).
+    pub concurrency_limit: Option<ConcurrencyLimit>,
 }
 
 impl RoleSettings {
@@ -275,6 +278,10 @@ pub async fn start<C: Codec>(
             };
             (Server::builder().serve(MainServer::<C, _>::new(role)), Some(client))
         }
+    };
+    let builder = match settings.concurrency_limit {
+        Some(limit) => builder.concurrency_limit(limit),
+        None => builder,
     };
     let slot: Arc<Mutex<Option<Server>>> = Arc::default();
     let server = {

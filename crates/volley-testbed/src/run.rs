@@ -123,6 +123,10 @@ pub struct Setup {
     pub role_commands: Vec<(String, Vec<String>)>,
     /// Show a progress bar (only drawn when stderr is a terminal).
     pub progress: bool,
+    /// The roles' servers shed load beyond an adaptive concurrency limit
+    /// ([`ConcurrencyLimit::default`](volley::ConcurrencyLimit)); role processes get
+    /// `--adaptive-limit`.
+    pub adaptive_limit: bool,
 }
 
 /// The hidden subcommand a role process is started with: `volley testbed-role ...`.
@@ -306,6 +310,7 @@ async fn run_tier<C: Codec>(setup: &Setup, work: &Workload, config: Config) -> R
         batch: config.batch,
         corpus: setup.corpus.clone(),
         prefer_local: config.transport == Transport::TcpShm,
+        concurrency_limit: setup.adaptive_limit.then(volley::ConcurrencyLimit::default),
     };
     let outcome = async {
         let roles = if setup.processes {
@@ -413,6 +418,9 @@ async fn start_children(
             CorpusSpec::Dir(d) => {
                 cmd.arg("--corpus").arg(d);
             }
+        }
+        if own.is_none() && settings.concurrency_limit.is_some() {
+            cmd.arg("--adaptive-limit");
         }
         // A role in another language listens on its --listen address only.
         if let (None, Some(local)) = (own, addrs.local(&role.name())) {

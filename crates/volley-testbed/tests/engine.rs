@@ -17,6 +17,7 @@ fn setup() -> Setup {
         exe: None,
         role_commands: Vec::new(),
         progress: false,
+        adaptive_limit: false,
     }
 }
 

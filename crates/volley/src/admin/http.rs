@@ -4,9 +4,9 @@
 //! Prometheus scraper or `volley top`, one request per connection, and this is about a hundred
 //! lines. hyper with hyper-util and http-body-util would put an HTTP stack into every build of
 //! the library for that. Everything a hostile client could stretch is bounded: the request head
-//! (8 KiB), the time to send it and to take the answer (5 s each), and the connections served
-//! at once (32; more are closed at once), so a slow or hostile client costs the RPC server
-//! nothing but one small task.
+//! (8 KiB), the time to send it (2 s) and to take the answer (5 s), and the connections served
+//! at once (32; the oldest still sending its head makes room for a newcomer), so a slow or
+//! hostile client costs the RPC server nothing but one small task on the endpoint's thread.
 
 use std::time::Duration;
 
@@ -15,7 +15,9 @@ use tokio::net::TcpStream;
 
 /// Largest request head read (request line and headers).
 pub(super) const MAX_HEAD: usize = 8 << 10;
-/// Time a client has to send its request head, and to take the answer.
+/// Time a client has to send its request head: a scraper sends it at once.
+pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a client has to take the answer.
 pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a client asked for.
@@ -62,7 +64,7 @@ pub(super) async fn read_request(stream: &mut TcpStream) -> Request {
         }
         true
     };
-    match tokio::time::timeout(IO_TIMEOUT, read).await {
+    match tokio::time::timeout(HEAD_TIMEOUT, read).await {
         Ok(true) => parse(&head),
         _ => Request::Bad,
     }

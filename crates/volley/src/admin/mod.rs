@@ -7,10 +7,16 @@
 //! - `GET /` — a status page (HTML and inline JavaScript, nothing fetched from elsewhere)
 //!   that polls `/vars.json` and draws the methods' rates and latencies;
 //!
-//! and 404 for any other path. `http.rs` holds the HTTP, `page.rs` the page.
+//! and 404 for any other path. `http.rs` holds the HTTP, `page.rs` the page, `slots.rs` the
+//! bound on connections served at once.
+//!
+//! The endpoint runs on a thread and runtime of its own: a flood of scrapes then takes turns
+//! among themselves on that thread, never among the RPC server's tasks, whose latency it would
+//! otherwise add to.
 
 mod http;
 mod page;
+mod slots;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +24,6 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
@@ -26,7 +31,10 @@ use crate::metrics::scrape::Scrape;
 use crate::metrics::vars::Window;
 use http::{Request, Response};
 
-/// Most admin requests served at once; further connections are closed at once.
+/// Most admin connections served at once. When all are taken, the oldest one still sending
+/// its request head is closed to make room for a newcomer (as the RPC server's opening bound
+/// does), so connections that never finish their head cannot keep scrapers out; if every one
+/// is past its head (being answered), the newcomer is closed.
 const MAX_CONNECTIONS: usize = 32;
 
 /// What the endpoint shows: a server (and, on a controller, its registry).
@@ -47,11 +55,47 @@ pub(crate) fn parse_addr(addr: &str) -> Result<SocketAddr, Error> {
     addr.parse::<SocketAddr>().map_err(|_| invalid("an admin address is HOST:PORT (an IP address) or PORT"))
 }
 
-/// Binds `addr` and serves the endpoint until `stop` is cancelled; returns the address bound.
-/// `spawn` runs the endpoint's tasks (the server's, so they end with it).
-pub(crate) async fn start(
+/// Starts the endpoint on a thread of its own: binds `addr` and serves until `stop` is
+/// cancelled or the source is gone; returns the address bound.
+pub(crate) async fn start_thread(
     addr: SocketAddr,
     source: Arc<dyn Source>,
+    stop: CancellationToken,
+) -> Result<SocketAddr, Error> {
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Connection(format!("admin endpoint: cannot start its runtime: {e}")))?;
+    std::thread::Builder::new()
+        .name("volley-admin".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let window = Arc::new(Window::default());
+                let spawn = |task: BoxFuture<'static, ()>| drop(tokio::spawn(task));
+                let started = start(addr, source.clone(), window.clone(), stop.clone(), spawn).await;
+                let ok = started.is_ok();
+                let _ = bound_tx.send(started);
+                if ok {
+                    // The thread ends when the server is gone (the window's scrapes find no
+                    // server) or told to stop; its runtime's tasks end with it.
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = keep_window(source, window, stop.clone()) => {}
+                    }
+                }
+            })
+        })
+        .map_err(|e| Error::Connection(format!("admin endpoint: cannot start its thread: {e}")))?;
+    bound_rx.await.map_err(|_| Error::Connection("admin endpoint: its thread ended".into()))?
+}
+
+/// Binds `addr` and serves the endpoint until `stop` is cancelled; returns the address bound.
+/// `spawn` runs the endpoint's tasks.
+async fn start(
+    addr: SocketAddr,
+    source: Arc<dyn Source>,
+    window: Arc<Window>,
     stop: CancellationToken,
     spawn: impl Fn(BoxFuture<'static, ()>) + Send + Sync + 'static,
 ) -> Result<SocketAddr, Error> {
@@ -63,11 +107,9 @@ pub(crate) async fn start(
         tracing::warn!(address = %bound, "admin endpoint reachable beyond this machine");
     }
     tracing::info!(address = %bound, "admin endpoint listening");
-    let window = Arc::new(Window::default());
-    spawn(Box::pin(keep_window(source.clone(), window.clone(), stop.clone())));
     let spawn = Arc::new(spawn);
     let spawn_conn = spawn.clone();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(slots::Slots::new(MAX_CONNECTIONS));
     let accept = async move {
         loop {
             let (stream, _) = tokio::select! {
@@ -81,15 +123,18 @@ pub(crate) async fn start(
                     }
                 },
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+            let Some(slot) = slots.take() else { continue };
             let (source, window, stop) = (source.clone(), window.clone(), stop.clone());
+            let evicted = slot.evicted.clone();
             spawn_conn(Box::pin(async move {
                 tokio::select! {
                     _ = stop.cancelled() => {}
-                    _ = serve(stream, &*source, &window) => {}
+                    _ = evicted.cancelled() => {}
+                    _ = serve(stream, slot, &*source, &window) => {}
                 }
-                drop(slot);
             }));
+            // The connection's task reads its head before the next accept can evict it.
+            tokio::task::yield_now().await;
         }
     };
     spawn(Box::pin(accept));
@@ -112,8 +157,11 @@ async fn keep_window(source: Arc<dyn Source>, window: Arc<Window>, stop: Cancell
     }
 }
 
-async fn serve(mut stream: TcpStream, source: &dyn Source, window: &Window) {
-    let (response, head_only) = match http::read_request(&mut stream).await {
+async fn serve(mut stream: TcpStream, slot: slots::Slot, source: &dyn Source, window: &Window) {
+    let request = http::read_request(&mut stream).await;
+    // Past its head: no longer a candidate for eviction.
+    slot.headed();
+    let (response, head_only) = match request {
         Request::Get { path, head_only } => (route(&path, source, window).await, head_only),
         Request::OtherMethod => (Response::text(405, "only GET and HEAD\n"), false),
         Request::Bad => (Response::text(400, "bad request\n"), false),

@@ -216,6 +216,33 @@ fn server(enc: &mut DescriptorEncoder, s: &Scrape) -> Result<(), FmtError> {
         "Requests held now by handlers that did not finish on their first poll (bounded by max_queued).",
         sv.queued,
     )?;
+    gauge(
+        enc,
+        "volley_server_receive_held_bytes",
+        "Bytes held now in buffers of large frames being received, over all connections (bounded by \
+         receive_budget).",
+        sv.receive_held,
+    )?;
+    gauge(
+        enc,
+        "volley_server_receive_budget_bytes",
+        "The bound on bytes held for large frames being received (receive_budget).",
+        sv.receive_budget,
+    )?;
+    if let Some((limit, in_flight)) = sv.concurrency {
+        gauge(
+            enc,
+            "volley_server_concurrency_limit",
+            "The adaptive concurrency limit now (only with one configured).",
+            limit,
+        )?;
+        gauge(
+            enc,
+            "volley_server_concurrency_in_flight",
+            "Requests admitted under the adaptive concurrency limit and not yet answered.",
+            in_flight,
+        )?;
+    }
     let t = &sv.transport;
     counter(enc, "volley_server_frames_read", "Frames received.", t.frames_received)?;
     counter(enc, "volley_server_frames_written", "Frames sent.", t.frames_sent)?;

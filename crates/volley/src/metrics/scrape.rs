@@ -48,6 +48,13 @@ pub(crate) struct ServerScrape {
     pub queued: u64,
     /// Server streams: opened, items sent, how they ended.
     pub streams: StreamCounts,
+    /// Bytes held now in buffers of large frames being received, and their bound
+    /// (`ServerConfig::receive_budget`).
+    pub receive_held: u64,
+    pub receive_budget: u64,
+    /// The adaptive concurrency limit now and the requests admitted under it, if the server
+    /// has one.
+    pub concurrency: Option<(u64, u64)>,
 }
 
 /// Requests answered `DeadlineExceeded` because their caller's time budget ran out.

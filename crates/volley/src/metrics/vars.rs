@@ -82,6 +82,10 @@ impl Window {
                     "items": sv.streams.items,
                     "ended": sv.streams.ended.iter().map(|(r, n)| (r.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
                 },
+                "receive_budget": { "held_bytes": sv.receive_held, "bytes": sv.receive_budget },
+                "concurrency_limit": sv.concurrency.map(|(limit, in_flight)| json!({
+                    "limit": limit, "in_flight": in_flight,
+                })),
                 "methods": methods("server", &sv.methods),
             },
             "client": { "methods": methods("client", &scrape.client) },

@@ -34,6 +34,14 @@ pub struct ServerConfig {
     /// Default 64 KiB, chosen by estimate, not yet by a sweep: a hand-off to the pool costs a
     /// few microseconds, about what decoding 16–64 KiB of bitcode takes.
     pub offload_min_bytes: usize,
+    /// Most bytes the server holds, over all its connections, in buffers for large frames being
+    /// received (those over a connection's 64 KiB read buffer, whose size the peer chooses by
+    /// announcing a frame's length). A connection whose frame finds no room waits, reading
+    /// nothing more (its peer's bytes stay in the kernel), until other frames complete; if
+    /// none does within `read_timeout` it is closed with a go-away (`Overloaded`) saying so. A
+    /// frame larger than the whole budget is refused so at once. Connections' ordinary read
+    /// buffers (64 KiB while reading, none while idle) are not counted. Default 256 MiB.
+    pub receive_budget: usize,
     /// How long a peer that sent part of a frame may stay silent before its connection is
     /// closed (a stalled or malicious peer must not hold a buffer and a task forever). An idle
     /// connection between frames is not affected. Default 30 s; `None`: no limit.
@@ -87,6 +95,7 @@ impl Default for ServerConfig {
             max_queued: 50_000,
             concurrency_limit: None,
             offload_min_bytes: 64 << 10,
+            receive_budget: 256 << 20,
             read_timeout: Some(Duration::from_secs(30)),
             max_connections: Some(10_000),
             max_handshakes: 1024,

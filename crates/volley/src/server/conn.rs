@@ -28,6 +28,8 @@ enum End {
     Io(String),
     /// The peer sent part of a frame and then nothing for the read timeout.
     Stalled(String),
+    /// A large frame found no room in the server's receive budget within the read timeout.
+    OverBudget(String),
     /// Keepalive: nothing arrived within the timeout after a ping.
     Dead,
     /// The peer did not present a token the server accepts.
@@ -96,7 +98,9 @@ async fn open(shared: &Shared, accepted: Accepted) -> Result<Opened, OpenError> 
     // Flushed: a TLS session may hold the bytes back, and a client may wait for them.
     wr.write_all(&SERVER_PREAMBLE).await.map_err(|e| failed(&e))?;
     wr.flush().await.map_err(|e| failed(&e))?;
-    let mut reader = FrameReader::new(rd, shared.config.limits).with_read_timeout(shared.config.read_timeout);
+    let mut reader = FrameReader::new(rd, shared.config.limits)
+        .with_read_timeout(shared.config.read_timeout)
+        .with_budget(Some(shared.receive.clone()));
     match reader.preamble().await {
         Ok(true) => Ok(Opened { reader, wr, peer }),
         Ok(false) => Err(failed(&"peer closed the connection before its preamble")),
@@ -133,7 +137,13 @@ async fn serve(
     }
     say_why(&end, &outbox, &peer);
     outbox.close();
-    flush(&shared, &outbox, writer, &peer).await;
+    if matches!(end, End::Dead) {
+        // It answered nothing, not even a ping: it reads nothing either, and waiting for it to
+        // take the replies would hold them for another write stall.
+        writer.abort();
+    } else {
+        flush(&shared, &outbox, writer, &peer).await;
+    }
     if !matches!(end, End::PeerClosed | End::Io(_) | End::Dead) {
         // We closed first, with a go-away: let the peer read it before the socket goes.
         reader.drain(LINGER).await;
@@ -205,6 +215,7 @@ async fn turns(
             Ok(false) => return End::PeerClosed,
             Err(ReadError::Protocol(e)) => return End::Protocol(e),
             Err(e @ ReadError::Stalled(_)) => return End::Stalled(e.to_string()),
+            Err(e @ ReadError::OverBudget(_)) => return End::OverBudget(e.to_string()),
             Err(e) => return End::Io(e.to_string()),
         }
     }
@@ -225,6 +236,10 @@ fn say_why(end: &End, outbox: &Outbox, peer: &str) {
         End::Stalled(e) => {
             tracing::warn!(%peer, error = %e, "closing connection: read timeout");
             let _ = outbox.push(|fb| fb.go_away(Code::Protocol, e));
+        }
+        End::OverBudget(e) => {
+            tracing::warn!(%peer, error = %e, "closing connection: no room for its frame");
+            let _ = outbox.push(|fb| fb.go_away(Code::Overloaded, e));
         }
         End::Dead => tracing::info!(%peer, "closing connection: no answer to a keepalive ping"),
         End::Unauthenticated(why) => {

@@ -355,7 +355,7 @@ impl Dispatch {
                 None => return, // a synchronous handler answered already
             }
         };
-        self.start(c, out, in_span(fut, span), n, deadline);
+        self.start(c, out, in_span(fut, span), Counted { items: n, batch: false, charge: n }, deadline);
     }
 
     /// Opens stream `id` of `names` (PROTOCOL.md §9.9), or answers why it cannot be.
@@ -423,9 +423,9 @@ impl Dispatch {
             let status = c.shared.overloaded(n);
             return out.error(id, status.code, &status.message);
         }
-        if !self.admit_batch(c, out, id, n) {
+        let Some(charge) = self.admit_batch(c, out, id, n) else {
             return;
-        }
+        };
         let max_batch = c.shared.config.max_batch;
         let fut = if items.body_len() >= c.shared.config.offload_min_bytes {
             offloaded(route.handler.clone(), vec![id], c.shared.config.limits, move |h, _| {
@@ -438,7 +438,7 @@ impl Dispatch {
         };
         self.started.clear();
         self.started.push(id);
-        self.start(c, out, in_span(fut, span), n, deadline);
+        self.start(c, out, in_span(fut, span), Counted { items: n, batch: true, charge }, deadline);
     }
 
     /// Admits the group under the concurrency limit (if the server has one), refusing the
@@ -457,18 +457,20 @@ impl Dispatch {
         take > 0
     }
 
-    /// Admits batch request `id` of `n` items whole under the concurrency limit, or refuses it.
-    fn admit_batch(&mut self, c: &Conn<'_>, out: &mut FrameBuilder, id: u64, n: usize) -> bool {
+    /// Admits batch request `id` of `n` items whole under the concurrency limit, or refuses it;
+    /// what it counts as under the limit (`n` without one).
+    fn admit_batch(&mut self, c: &Conn<'_>, out: &mut FrameBuilder, id: u64, n: usize) -> Option<usize> {
         let (Some(limiter), Some((_, admitted))) = (&c.shared.limiter, &mut self.turn) else {
-            return true;
+            return Some(n);
         };
-        if limiter.admit(n, true) == 0 {
+        let charge = limiter.admit(n, true);
+        if charge == 0 {
             let status = c.shared.over_limit(n, limiter.limit());
             out.error(id, status.code, &status.message);
-            return false;
+            return None;
         }
-        *admitted += n;
-        true
+        *admitted += charge;
+        Some(charge)
     }
 
     /// Runs the replies' future for the requests in `self.started`: if it finishes on its first
@@ -480,16 +482,19 @@ impl Dispatch {
         c: &Conn<'_>,
         out: &mut FrameBuilder,
         mut fut: BoxFuture<'static, Box<dyn Replies>>,
-        n: usize,
+        Counted { items: n, batch, charge }: Counted,
         deadline: Option<Instant>,
     ) {
         if let Some(replies) = with_context(&self.peer, deadline, None, || poll_now(&mut fut)) {
             return replies.write(out);
         }
         c.shared.queued.fetch_add(n, Ordering::Relaxed);
+        if batch {
+            c.shared.queued_in_batches.fetch_add(n, Ordering::Relaxed);
+        }
         // Under a concurrency limit the requests stay admitted until the task ends, not the turn.
         let read_at = self.turn.as_mut().map(|(read_at, admitted)| {
-            *admitted -= n;
+            *admitted -= charge;
             *read_at
         });
         let (shared, outbox, running) = (c.shared.clone(), c.outbox.clone(), self.running.clone());
@@ -518,11 +523,22 @@ impl Dispatch {
                 }
             }
             running.finish(&ids);
+            if batch {
+                shared.queued_in_batches.fetch_sub(n, Ordering::Relaxed);
+            }
             shared.queued.fetch_sub(n, Ordering::Relaxed);
             if let (Some(limiter), Some(read_at)) = (&shared.limiter, read_at) {
                 let now = Instant::now();
-                limiter.done(n, now - read_at, now);
+                limiter.done(charge, now - read_at, now);
             }
         });
     }
+}
+
+/// What a started piece of work counts: `items` against `max_queued` (as batch items if
+/// `batch`), `charge` under the concurrency limit (a batch request counts at most half of it).
+struct Counted {
+    items: usize,
+    batch: bool,
+    charge: usize,
 }

@@ -119,16 +119,20 @@ impl Limiter {
     }
 
     /// Admits up to `n` requests and returns how many; the caller refuses the rest. With
-    /// `whole`, admits all `n` or none — a batch request is one unit of work — but always
-    /// admits it when nothing is in flight, so that no batch is too big to ever run.
+    /// `whole`, admits the `n` items of a batch request all or none — it is one unit of work —
+    /// and returns what they count as (0: refused): at most half the limit, so that one batch
+    /// cannot crowd out the single requests beside it; it is always admitted when nothing is in
+    /// flight, so that no batch is too big to ever run. What is returned is what
+    /// [`done`](Self::done) must be given back.
     pub fn admit(&self, n: usize, whole: bool) -> usize {
         let limit = self.limit.load(Relaxed);
         let mut current = self.in_flight.load(Relaxed);
         loop {
             let room = limit.saturating_sub(current);
+            let share = n.min((limit / 2).max(1));
             let take = match (whole, current) {
-                (true, 0) => n,
-                (true, _) if n <= room => n,
+                (true, 0) => share,
+                (true, _) if share <= room => share,
                 (true, _) => 0,
                 (false, _) => n.min(room),
             };
@@ -223,10 +227,13 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_larger_than_the_limit_runs_when_nothing_else_does() {
-        let (l, _) = limiter(4);
-        assert_eq!(l.admit(1_000, true), 1_000);
-        assert_eq!(l.admit(1, false), 0);
+    fn a_batch_larger_than_the_limit_runs_when_nothing_else_does_and_takes_half() {
+        let (l, t0) = limiter(4);
+        assert_eq!(l.admit(1_000, true), 2, "counted as half the limit");
+        assert_eq!(l.admit(1, false), 1, "single requests keep the other half");
+        assert_eq!(l.admit(1_000, true), 0, "a second batch does not fit beside them");
+        l.done(2, Duration::from_millis(1), t0);
+        assert_eq!(l.in_flight(), 1);
     }
 
     #[test]

@@ -210,6 +210,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Most bytes held, over all connections, for large frames being received (default 256 MiB).
+    /// See [`ServerConfig::receive_budget`].
+    pub fn receive_budget(mut self, bytes: usize) -> Self {
+        self.config.receive_budget = bytes;
+        self
+    }
+
     /// Payload size from which requests are decoded and answered on the codec pool instead of
     /// the connection's task (default 64 KiB; `usize::MAX` turns it off). See
     /// [`ServerConfig::offload_min_bytes`].
@@ -310,8 +317,10 @@ impl ServerBuilder {
         }
         let limiter =
             self.config.concurrency_limit.map(|c| limit::Limiter::new(c, tokio::time::Instant::now()));
+        let receive = crate::transport::budget::ReceiveBudget::new(self.config.receive_budget);
         let shared = Arc::new(Shared {
             limiter,
+            receive,
             router: self.router,
             config: self.config,
             counters: Counters::default(),
@@ -326,6 +335,7 @@ impl ServerBuilder {
             host,
             bound: Mutex::new(Vec::new()),
             queued: AtomicUsize::new(0),
+            queued_in_batches: AtomicUsize::new(0),
             cancelled: Default::default(),
             observe: Observe::default(),
         });

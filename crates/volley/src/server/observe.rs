@@ -40,6 +40,9 @@ impl Shared {
                 cancelled: self.cancelled.load(Relaxed),
                 queued: self.queued.load(Relaxed) as u64,
                 streams: self.observe.streams.counts(),
+                receive_held: self.receive.held() as u64,
+                receive_budget: self.receive.bytes() as u64,
+                concurrency: self.limiter.as_ref().map(|l| (l.limit() as u64, l.in_flight() as u64)),
             },
             client: Scrape::client_methods(),
             identity: self.identity(self.observe.registry.get().is_some()),
@@ -88,8 +91,7 @@ pub(super) async fn start_admin(shared: &Arc<Shared>) -> Result<(), Error> {
             // The endpoint outlives the drain (`/healthz` answers until the server is gone), so
             // its tasks are not among those a shutdown waits for.
             let stop = owner.gone.clone();
-            let runtime = owner.host.runtime.get().cloned().unwrap_or_else(tokio::runtime::Handle::current);
-            crate::admin::start(addr, source, stop, move |task| drop(runtime.spawn(task))).await
+            crate::admin::start_thread(addr, source, stop).await
         })
         .await
         .map(drop)

@@ -57,12 +57,16 @@ pub(crate) struct Shared {
     pub(crate) bound: Mutex<Vec<Address>>,
     /// Requests held by handlers that did not finish on their first poll.
     pub(crate) queued: AtomicUsize,
+    /// Of `queued`, the items of batch requests.
+    pub(crate) queued_in_batches: AtomicUsize,
     /// Requests whose running handler was stopped because the client cancelled them.
     pub(crate) cancelled: std::sync::atomic::AtomicU64,
     /// What the admin endpoint needs beyond the counters above.
     pub(crate) observe: Observe,
     /// The adaptive concurrency limit, if the server has one.
     pub(crate) limiter: Option<Limiter>,
+    /// The bound on buffers of large frames being received, over every connection.
+    pub(crate) receive: Arc<crate::transport::budget::ReceiveBudget>,
 }
 
 impl Shared {
@@ -72,16 +76,37 @@ impl Shared {
         self.closing.load(Ordering::Acquire)
     }
 
-    /// How many more requests may be queued.
+    /// How many more single requests may be queued. Batch requests count in the bound up to
+    /// their share of it (half): a batch at the protocol's item limit (65,536) held beside the
+    /// default bound (50,000) leaves the other half to single calls instead of all of it.
     pub(crate) fn room(&self) -> usize {
-        self.config.max_queued.saturating_sub(self.queued.load(Ordering::Relaxed))
+        let (all, batched) = self.queued_now();
+        let singles = all.saturating_sub(batched);
+        self.config.max_queued.saturating_sub(singles + batched.min(self.batch_share()))
     }
 
-    /// Whether a batch request of `n` items may be queued: it fits in the room left, or nothing
-    /// is queued at all. The second case keeps every chunk the protocol allows (65,536 items)
-    /// servable whatever `max_queued` is: alone, it cannot pile up behind anything.
+    /// Whether a batch request of `n` items may be queued: it fits in the batches' share of the
+    /// bound beside the batches held, or no batch is held at all — which keeps every chunk the
+    /// protocol allows (65,536 items) servable whatever `max_queued` is. Either way the single
+    /// requests held must leave room for its share.
     pub(crate) fn admits_chunk(&self, n: usize) -> bool {
-        n <= self.room() || self.queued.load(Ordering::Relaxed) == 0
+        let (all, batched) = self.queued_now();
+        let singles = all.saturating_sub(batched);
+        let share = self.batch_share();
+        (batched == 0 || batched + n <= share) && singles + (batched + n).min(share) <= self.config.max_queued
+    }
+
+    /// The part of `max_queued` that batch requests may take from single calls.
+    fn batch_share(&self) -> usize {
+        self.config.max_queued / 2
+    }
+
+    /// Requests queued now, and of them the items of batch requests.
+    fn queued_now(&self) -> (usize, usize) {
+        // `queued` takes batch items before `queued_in_batches` does and gives them back after
+        // it; read apart, the two may still disagree for a moment.
+        let batched = self.queued_in_batches.load(Ordering::Relaxed);
+        (self.queued.load(Ordering::Relaxed).max(batched), batched)
     }
 
     /// The answer to `refused` requests turned away because the queue bound is full.

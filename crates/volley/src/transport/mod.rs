@@ -11,8 +11,10 @@
 //! - `outbox`: the send side of a byte connection — callers append messages, one writer
 //!   drains everything queued into one write.
 //! - `reader`: the receive side — reads into one reusable buffer and hands up every complete
-//!   message as one batch.
+//!   message as one batch; `budget`: a server's bound on the buffers of large frames being
+//!   received, over all its connections.
 
+pub(crate) mod budget;
 pub(crate) mod inproc;
 pub(crate) mod outbox;
 pub(crate) mod reader;

@@ -2,7 +2,9 @@
 //! up as one batch.
 
 use std::io;
+use std::sync::Arc;
 
+use super::budget::{Held, ReceiveBudget, Refused};
 use super::stream::ReadHalf;
 use crate::metrics::stats::Counters;
 use crate::pool::{self, buffer::PoolBuf};
@@ -28,6 +30,8 @@ pub enum ReadError {
     Truncated,
     /// The peer sent part of a frame, then nothing for the read timeout.
     Stalled(std::time::Duration),
+    /// No room for a large frame within the server's receive budget.
+    OverBudget(Refused),
 }
 
 impl ReadError {
@@ -50,6 +54,7 @@ impl std::fmt::Display for ReadError {
                 write!(f, "peer closed the connection in the middle of a frame")
             }
             ReadError::Stalled(t) => write!(f, "peer stalled in the middle of a frame for {t:?}"),
+            ReadError::OverBudget(r) => write!(f, "{r}"),
         }
     }
 }
@@ -74,6 +79,10 @@ pub struct FrameReader<R> {
     spent: (usize, usize),
     /// Times this reader waited for the socket and was woken since it last handed up a batch.
     wakeups: u64,
+    /// The server's budget for buffers of large frames, if it has one (servers do, clients not).
+    budget: Option<Arc<ReceiveBudget>>,
+    /// What `buf` holds of the budget, while it is larger than a read chunk.
+    held: Option<Held>,
 }
 
 impl<R: ReadHalf> FrameReader<R> {
@@ -89,7 +98,16 @@ impl<R: ReadHalf> FrameReader<R> {
             stall_deadline: None,
             spent: (0, 0),
             wakeups: 0,
+            budget: None,
+            held: None,
         }
+    }
+
+    /// Takes the buffer of any frame larger than a read chunk (64 KiB) from `budget` first,
+    /// waiting up to the read timeout while it is spent.
+    pub fn with_budget(mut self, budget: Option<Arc<ReceiveBudget>>) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// Fails reads with [`ReadError::Stalled`] when the peer sent part of a frame (or of the
@@ -169,6 +187,10 @@ impl<R: ReadHalf> FrameReader<R> {
                 }
             }
             if out.len() > before {
+                if self.held.is_some() && self.buf.capacity() <= READ_CHUNK {
+                    // The large frame was handed up: what it holds is its handler's now.
+                    self.held = None;
+                }
                 counters.received(frames, (out.len() - before) as u64, bytes, self.wakeups);
                 self.wakeups = 0;
                 self.spent.0 += out.len() - before;
@@ -190,7 +212,7 @@ impl<R: ReadHalf> FrameReader<R> {
                 // Idle: hold no buffer until the socket has bytes for us.
                 self.wait_readable().await?;
             }
-            self.make_room(self.decoder.missing(&self.buf));
+            self.make_room(self.decoder.missing(&self.buf)).await?;
             match self.rd.try_read_buf(self.buf.as_bytes_mut()) {
                 Ok(0) => return Ok(false),
                 Ok(_) => {
@@ -202,6 +224,7 @@ impl<R: ReadHalf> FrameReader<R> {
                     if self.buf.is_empty() {
                         // Idle: the buffer goes back, and the loop's top waits for bytes.
                         pool::buffer::put(std::mem::take(&mut self.buf));
+                        self.held = None;
                     } else if let Some(t) = self.read_timeout {
                         // Part of a frame is here: the rest must follow within the timeout.
                         let deadline =
@@ -243,14 +266,25 @@ impl<R: ReadHalf> FrameReader<R> {
     /// buffer without that room is swapped for one from the buffer pool (a partial frame is
     /// copied over) and given back: it may still be shared with frames handed up, and the pool
     /// reuses it once they are gone — where `reserve` would allocate a new one from the system
-    /// whenever it is shared.
-    fn make_room(&mut self, missing: usize) {
+    /// whenever it is shared. A buffer larger than a read chunk is taken from the budget first.
+    async fn make_room(&mut self, missing: usize) -> Result<(), ReadError> {
         if self.buf.capacity() - self.buf.len() >= missing.max(MIN_ROOM) {
-            return;
+            return Ok(());
         }
-        let mut fresh = pool::buffer::get(self.buf.len() + missing.max(READ_CHUNK));
+        let want = self.buf.len() + missing.max(READ_CHUNK);
+        let held = match &self.budget {
+            Some(budget) if want > READ_CHUNK => {
+                let size = pool::buffer::class_of(want).map_or(want, pool::buffer::class_size);
+                Some(budget.take(size, self.read_timeout).await.map_err(ReadError::OverBudget)?)
+            }
+            _ => None,
+        };
+        let mut fresh = pool::buffer::get(want);
         fresh.extend_from_slice(&self.buf);
         pool::buffer::put(std::mem::replace(&mut self.buf, fresh));
+        // The old buffer's share (if any) goes back with it.
+        self.held = held;
+        Ok(())
     }
 
     /// Reads and discards whatever the peer still sends, until it closes, `limit` passes or
@@ -278,6 +312,7 @@ impl<R: ReadHalf> FrameReader<R> {
         })
         .await;
         self.buf = PoolBuf::default();
+        self.held = None;
     }
 }
 
