@@ -773,6 +773,33 @@ fn build_error<E: std::fmt::Display>(e: BuildError<E>) -> Error {
     }
 }
 
+/// A connection's failure, for a call whose request was never written: it never ran.
+fn never_sent(e: Error) -> Error {
+    match e {
+        Error::Connection(why) => Error::NotRun(format!("{why} (the request was never sent)")),
+        other => other,
+    }
+}
+
+/// The ids of the requests in `frames` (whole frames, as an outbox queues them).
+fn request_ids(frames: Vec<bytes::Bytes>, limits: Limits) -> Vec<u64> {
+    let mut buf = bytes::BytesMut::with_capacity(frames.iter().map(bytes::Bytes::len).sum());
+    frames.iter().for_each(|f| buf.extend_from_slice(f));
+    let mut decoder = crate::proto::Decoder::after_preamble(limits);
+    let (mut ids, mut messages) = (Vec::new(), Vec::new());
+    while let Ok(Some(frame)) = decoder.next_frame(&mut buf) {
+        messages.clear();
+        if crate::proto::decode_frame(&frame, &limits, &mut messages).is_err() {
+            break;
+        }
+        ids.extend(messages.iter().filter_map(|m| match m {
+            Message::Request { id, .. } | Message::BatchRequest { id, .. } => Some(*id),
+            _ => None,
+        }));
+    }
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -816,31 +843,4 @@ mod tests {
         assert!(matches!(&r, Err(Error::Unauthenticated(_))), "{r:?}");
         assert_eq!(conn.pending_len(), 0);
     }
-}
-
-/// A connection's failure, for a call whose request was never written: it never ran.
-fn never_sent(e: Error) -> Error {
-    match e {
-        Error::Connection(why) => Error::NotRun(format!("{why} (the request was never sent)")),
-        other => other,
-    }
-}
-
-/// The ids of the requests in `frames` (whole frames, as an outbox queues them).
-fn request_ids(frames: Vec<bytes::Bytes>, limits: Limits) -> Vec<u64> {
-    let mut buf = bytes::BytesMut::with_capacity(frames.iter().map(bytes::Bytes::len).sum());
-    frames.iter().for_each(|f| buf.extend_from_slice(f));
-    let mut decoder = crate::proto::Decoder::after_preamble(limits);
-    let (mut ids, mut messages) = (Vec::new(), Vec::new());
-    while let Ok(Some(frame)) = decoder.next_frame(&mut buf) {
-        messages.clear();
-        if crate::proto::decode_frame(&frame, &limits, &mut messages).is_err() {
-            break;
-        }
-        ids.extend(messages.iter().filter_map(|m| match m {
-            Message::Request { id, .. } | Message::BatchRequest { id, .. } => Some(*id),
-            _ => None,
-        }));
-    }
-    ids
 }
