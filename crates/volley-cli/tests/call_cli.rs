@@ -152,7 +152,7 @@ fn a_call_a_batch_of_1000_and_an_error_by_address() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let names: Vec<&str> =
         v["services"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["echo", "shop", "volley.reflect"]);
+    assert_eq!(names, ["echo", "shop", "volley.health", "volley.reflect"]);
     rt.block_on(server.shutdown());
 }
 
