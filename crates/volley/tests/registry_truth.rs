@@ -168,11 +168,10 @@ async fn dead_instances_are_ejected_once_and_calls_then_reach_only_the_live_ones
     c.shutdown().await;
 }
 
-/// An instance that refuses connections is ejected; when a server starts at its address, a
-/// probe finds it and calls reach it again — without a registry change.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ejected_instance_is_probed_and_back_in_rotation_once_it_answers() {
-    let (c, reg) = controller(&unix_address("probe-reg"), quick()).await;
+/// A controller listing a live instance ("live") and one at a unix address nothing listens on
+/// yet, and a ServiceClient (probes from 100 ms) that has ejected the dead one.
+async fn one_live_one_ejected(reg_tag: &str, late_tag: &str) -> (Controller, Server, String, ServiceClient) {
+    let (c, reg) = controller(&unix_address(reg_tag), quick()).await;
     let registry = Registry::connect(&reg).await.unwrap();
     let live = instance("live");
     let live_addr = live.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
@@ -180,7 +179,7 @@ async fn an_ejected_instance_is_probed_and_back_in_rotation_once_it_answers() {
         .register(&live, vec![InstanceSpec::new(SERVICE, live_addr)], LeaseConfig::default())
         .await
         .unwrap();
-    let late_addr = unix_address("late");
+    let late_addr = unix_address(late_tag);
     let raw = Client::connect(&reg).await.unwrap();
     let req = RegisterRequest {
         lease: 0,
@@ -196,6 +195,14 @@ async fn an_ejected_instance_is_probed_and_back_in_rotation_once_it_answers() {
         client.stats().instances_dropped == 1
     })
     .await;
+    (c, live, late_addr, client)
+}
+
+/// An instance that refuses connections is ejected; when a server starts at its address, a
+/// probe finds it and calls reach it again — without a registry change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ejected_instance_is_probed_and_back_in_rotation_once_it_answers() {
+    let (c, live, late_addr, client) = one_live_one_ejected("probe-reg", "late").await;
     let late = instance("late");
     late.listen(&late_addr).await.unwrap();
     // Probes: after ~0.1, 0.2, 0.4 ... s (at most 1.6 s apart).
@@ -213,30 +220,7 @@ async fn an_ejected_instance_is_probed_and_back_in_rotation_once_it_answers() {
 /// is back in rotation only once it says it serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ejected_instance_that_says_it_is_not_serving_stays_out_until_it_serves() {
-    let (c, reg) = controller(&unix_address("probe-health-reg"), quick()).await;
-    let registry = Registry::connect(&reg).await.unwrap();
-    let live = instance("live");
-    let live_addr = live.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
-    registry
-        .register(&live, vec![InstanceSpec::new(SERVICE, live_addr)], LeaseConfig::default())
-        .await
-        .unwrap();
-    let late_addr = unix_address("late-unhealthy");
-    let raw = Client::connect(&reg).await.unwrap();
-    let req = RegisterRequest {
-        lease: 0,
-        ttl_ms: 120_000,
-        instances: vec![InstanceSpec::new(SERVICE, &late_addr)],
-        credential: String::new(),
-    };
-    raw.call(&REGISTER, req).await.unwrap();
-    let config = ServiceConfig::default().quarantine(Duration::from_millis(100));
-    let client = ServiceClient::connect_with(&reg, config).await.unwrap();
-    wait_for(Duration::from_secs(10), "the dead instance to be ejected", async || {
-        assert_eq!(client.call(&WHO, 0).await.unwrap(), "live");
-        client.stats().instances_dropped == 1
-    })
-    .await;
+    let (c, live, late_addr, client) = one_live_one_ejected("probe-health-reg", "late-unhealthy").await;
     let late = instance("late");
     late.set_serving(SERVICE, false, "warming its cache");
     late.listen(&late_addr).await.unwrap();
