@@ -168,6 +168,68 @@ async fn dead_instances_are_ejected_once_and_calls_then_reach_only_the_live_ones
     c.shutdown().await;
 }
 
+/// An instance listed while another already serves is connected to in the background before
+/// any call goes to it: a dead address listed later is ejected without a single attempt, and a
+/// live one enters rotation once its connection is made. No call fails meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_listed_later_gets_calls_only_once_connected() {
+    let (c, reg) = controller(&unix_address("warm-reg"), quick()).await;
+    let registry = Registry::connect(&reg).await.unwrap();
+    let live = instance("live");
+    let live_addr = live.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    registry
+        .register(&live, vec![InstanceSpec::new(SERVICE, live_addr)], LeaseConfig::default())
+        .await
+        .unwrap();
+    let client =
+        ServiceClient::connect_with(&reg, ServiceConfig::default().quarantine(Duration::from_secs(60)))
+            .await
+            .unwrap();
+    assert_eq!(client.call(&WHO, 0).await.unwrap(), "live");
+
+    let dead = unix_address("warm-dead");
+    let raw = Client::connect(&reg).await.unwrap();
+    let req = RegisterRequest {
+        lease: 0,
+        ttl_ms: 120_000,
+        instances: vec![InstanceSpec::new(SERVICE, &dead)],
+        credential: String::new(),
+    };
+    raw.call(&REGISTER, req).await.unwrap();
+    // No call is made meanwhile: only the background connection can find it dead.
+    wait_for(Duration::from_secs(20), "the dead instance to be listed and ejected", async || {
+        client.stats().instances_dropped == 1
+    })
+    .await;
+    let stats = client.instance_stats(SERVICE);
+    let dead_stats = stats.iter().find(|i| i.address == dead).expect("the dead instance is listed");
+    assert_eq!((dead_stats.attempts, dead_stats.ejected), (0, Some("unreachable")), "{stats:?}");
+
+    let late = instance("late");
+    let late_addr = late.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    registry
+        .register(&late, vec![InstanceSpec::new(SERVICE, &late_addr)], LeaseConfig::default())
+        .await
+        .unwrap();
+    wait_for(
+        Duration::from_secs(20),
+        "a connection to the instance listed later, before any call",
+        async || {
+            let stats = client.instance_stats(SERVICE);
+            stats.iter().any(|i| i.address == late_addr && i.connected_to.is_some())
+        },
+    )
+    .await;
+    let mut answered = HashSet::new();
+    for i in 0..100 {
+        answered.insert(client.call(&WHO, 0).await.unwrap_or_else(|e| panic!("call {i}: {e}")));
+    }
+    assert_eq!(answered, HashSet::from(["live".to_string(), "late".to_string()]));
+    late.shutdown().await;
+    live.shutdown().await;
+    c.shutdown().await;
+}
+
 /// A controller listing a live instance ("live") and one at a unix address nothing listens on
 /// yet, and a ServiceClient (probes from 100 ms) that has ejected the dead one.
 async fn one_live_one_ejected(reg_tag: &str, late_tag: &str) -> (Controller, Server, String, ServiceClient) {

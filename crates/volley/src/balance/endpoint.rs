@@ -1,8 +1,9 @@
 //! One instance of a service as a caller sees it: its address and registry entry, the
-//! connection to it (made on first use, made again when it died), and its calls outstanding.
+//! connection to it (made when it is listed, made again when it died), and its calls
+//! outstanding.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use super::peak_ewma::PeakEwma;
 use super::stats::PoolStats;
@@ -28,6 +29,9 @@ pub(crate) struct Endpoint {
     /// Connection attempts that failed: a caller that waited for another's attempt, which
     /// failed, fails too instead of trying again.
     connect_failures: AtomicU64,
+    /// Its first connection is being made in the background: out of rotation meanwhile,
+    /// unless no instance is ready (see `Pool::warm`).
+    warming: AtomicBool,
     outstanding: AtomicUsize,
     stats: Arc<PoolStats>,
     /// Attempts sent to this instance.
@@ -47,6 +51,7 @@ impl Endpoint {
             client: ArcSwapOption::empty(),
             connecting: tokio::sync::Mutex::new(()),
             connect_failures: AtomicU64::new(0),
+            warming: AtomicBool::new(false),
             outstanding: AtomicUsize::new(0),
             stats,
             attempts: AtomicU64::new(0),
@@ -65,6 +70,10 @@ impl Endpoint {
         if **self.info.load() != instance {
             self.info.store(Arc::new(instance));
         }
+    }
+
+    pub fn warming(&self) -> &AtomicBool {
+        &self.warming
     }
 
     /// Calls outstanding on this instance (kept by least-outstanding balancing only).

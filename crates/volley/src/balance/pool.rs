@@ -47,6 +47,9 @@ pub enum Balance {
     PeakEwma,
 }
 
+/// First connections to newly listed instances made at once, per pool.
+const WARMING_AT_ONCE: usize = 64;
+
 /// Probes due within this much of each other start together.
 const PROBE_ROUND: Duration = Duration::from_millis(100);
 
@@ -164,6 +167,9 @@ pub(crate) struct Pool {
     next_probe: ProbeClock,
     /// Serializes view rebuilds (updates and ejections), which are rare.
     update: Mutex<()>,
+    /// Bounds the first connections made at once to newly listed instances (a list of
+    /// thousands must not open thousands of sockets in one go).
+    warming: Arc<tokio::sync::Semaphore>,
     pub stats: Arc<PoolStats>,
     /// This pool, for the probes it starts.
     me: Weak<Pool>,
@@ -180,6 +186,7 @@ impl Pool {
             config,
             rr: AtomicU64::new(0),
             update: Mutex::new(()),
+            warming: Arc::new(tokio::sync::Semaphore::new(WARMING_AT_ONCE)),
             stats,
             me: me.clone(),
         })
@@ -236,6 +243,8 @@ impl Pool {
         if keep_last_good {
             tracing::warn!(service = %self.service, revision = r.revision, "registry update lists no usable instance; keeping the last good list");
         }
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let mut fresh = Vec::new();
         let listed: Vec<Arc<Endpoint>> = if keep_last_good {
             cur.listed.clone()
         } else {
@@ -246,7 +255,16 @@ impl Pool {
                         e.update(i);
                         e.clone()
                     }
-                    None => Arc::new(Endpoint::new(i, self.stats.clone(), self.config.prefer_local)),
+                    None => {
+                        let e = Arc::new(Endpoint::new(i, self.stats.clone(), self.config.prefer_local));
+                        if runtime.is_some() {
+                            // The first list has no connected instance to prefer: its
+                            // instances stay in rotation while they connect.
+                            e.warming().store(!cur.listed.is_empty(), Relaxed);
+                            fresh.push(e.clone());
+                        }
+                        e
+                    }
                 })
                 .collect()
         };
@@ -267,7 +285,39 @@ impl Pool {
             self.ejections.lock().retain(|a| addresses.contains(a));
         }
         self.install(&meta, listed);
+        if let Some(rt) = runtime {
+            for e in fresh {
+                self.warm(&rt, e);
+            }
+        }
         changed
+    }
+
+    /// Connects to a newly listed instance in the background and, if it was held out while
+    /// warming, puts it in rotation once connected; when connecting fails it is taken out as
+    /// unreachable, for the probes to bring back. Meanwhile calls go to the instances already
+    /// connected: a process that has just registered may still be starting, and callers that
+    /// picked it would all queue behind its first connection (a stall of every caller at each
+    /// restart of a rolling deploy), and a listed address nothing listens on (a junk
+    /// registration) would fail calls before it is known. When no instance is ready the
+    /// warming ones are in rotation: trying beats failing without trying.
+    fn warm(&self, rt: &tokio::runtime::Handle, ep: Arc<Endpoint>) {
+        let (pool, config) = (self.me.clone(), self.config.client.clone());
+        let permits = self.warming.clone();
+        rt.spawn(async move {
+            let _one_of_few = permits.acquire_owned().await;
+            let connected = ep.connect(&config).await;
+            ep.warming().store(false, Relaxed);
+            let Some(pool) = pool.upgrade() else { return };
+            let still_listed = pool.view().listed.iter().any(|l| Arc::ptr_eq(l, &ep));
+            match connected {
+                Ok(_) => {
+                    pool.reinstall();
+                }
+                Err(e) if still_listed => pool.eject(&ep, Reason::Unreachable, &e),
+                Err(_) => {}
+            }
+        });
     }
 
     /// Builds and installs a view with `meta`'s epoch, revision and ring and the given list,
@@ -276,6 +326,10 @@ impl Pool {
         let ej = self.ejections.lock();
         let mut out: Vec<bool> = listed.iter().map(|e| ej.is_ejected(&e.address)).collect();
         drop(ej);
+        let warming = |e: &Endpoint| e.warming().load(Relaxed);
+        if listed.iter().zip(&out).any(|(e, &o)| !o && !warming(e)) {
+            listed.iter().zip(out.iter_mut()).for_each(|(e, o)| *o |= warming(e));
+        }
         if out.iter().all(|&o| o) {
             out.iter_mut().for_each(|o| *o = false);
         }
