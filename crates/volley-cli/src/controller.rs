@@ -6,6 +6,7 @@ use volley::controller::{Controller, ControllerConfig};
 use volley::registry::Registry;
 
 use crate::refusal;
+use crate::shedding::Shedding;
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())
@@ -25,6 +26,7 @@ pub fn serve(
     registration_credential: Option<String>,
     token: Option<String>,
     admin: Option<String>,
+    shedding: Shedding,
 ) -> Result<(), String> {
     runtime()?.block_on(async {
         if registration_credential.is_none() {
@@ -34,6 +36,7 @@ pub fn serve(
         let mut config = ControllerConfig::default().tokens(tokens);
         config.registration_credential = registration_credential;
         config.admin = admin;
+        config.concurrency_limit = shedding.limit();
         let controller = match store {
             "memory" => Controller::new(config),
             s if s.starts_with("etcd://") => etcd_controller(s, config).await?,

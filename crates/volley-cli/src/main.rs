@@ -116,6 +116,8 @@ enum Command {
         /// status page at /, Prometheus metrics at /metrics, JSON at /vars.json.
         #[arg(long, value_name = "ADDR")]
         admin: Option<String>,
+        #[command(flatten)]
+        shedding: shedding::Shedding,
     },
     /// List the services and instances a registry knows.
     Ls {
@@ -258,8 +260,8 @@ fn main() -> std::process::ExitCode {
                 Err(_) => Err(format!("--grace {grace}: expected a number of seconds, 0 or more")),
             }
         }
-        Command::Controller { listen, store, registration_credential, token, admin } => {
-            controller::serve(&listen, &store, registration_credential, token, admin)
+        Command::Controller { listen, store, registration_credential, token, admin, shedding } => {
+            controller::serve(&listen, &store, registration_credential, token, admin, shedding)
         }
         Command::Ls { registry, json, token, methods } => controller::ls(&registry, json, token, methods),
         Command::Describe(args) => call::describe(args),

@@ -520,13 +520,16 @@ fn stats_at_an_rpc_port_names_the_admin_endpoint() {
     }
 }
 
-/// `serve-echo --adaptive-limit` turns the adaptive concurrency limit on: its admin endpoint
-/// shows the limit (`volley_server_concurrency_limit`); without the flag there is none.
+/// `serve-echo --adaptive-limit` and `controller --adaptive-limit` turn the adaptive
+/// concurrency limit on: the admin endpoint shows the limit
+/// (`volley_server_concurrency_limit`); without the flag there is none.
 #[test]
-fn serve_echo_adaptive_limit_turns_the_limit_on() {
+fn adaptive_limit_turns_the_limit_on() {
     use std::io::{Read, Write};
-    for on in [true, false] {
-        let mut args = vec!["serve-echo", "--listen", "tcp://127.0.0.1:0", "--admin", "127.0.0.1:0"];
+    for (command, on) in
+        [("serve-echo", true), ("serve-echo", false), ("controller", true), ("controller", false)]
+    {
+        let mut args = vec![command, "--listen", "tcp://127.0.0.1:0", "--admin", "127.0.0.1:0"];
         if on {
             args.push("--adaptive-limit");
         }
@@ -541,8 +544,8 @@ fn serve_echo_adaptive_limit_turns_the_limit_on() {
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         let limit = text.lines().find_map(|l| l.strip_prefix("volley_server_concurrency_limit "));
         match on {
-            true => assert_eq!(limit, Some("256"), "the default initial limit: {text}"),
-            false => assert_eq!(limit, None, "no limit without the flag"),
+            true => assert_eq!(limit, Some("256"), "{command}: the default initial limit: {text}"),
+            false => assert_eq!(limit, None, "{command}: no limit without the flag"),
         }
     }
 }

@@ -429,3 +429,53 @@ async fn a_client_whose_watch_is_not_held_pauses_before_the_next() {
     assert_eq!(client.call(&PING, 6).await.unwrap(), 6, "calls go on");
     controller.shutdown().await;
 }
+
+/// Under the adaptive concurrency limit (256 at first), 600 held watches are outside it: all
+/// are held, and a canary's resolves and a live lease's renewals are never refused. Counted
+/// under the limit, the watches beyond 256 and every other call were answered `Overloaded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_watches_are_outside_the_adaptive_limit() {
+    const HELD: usize = 600;
+    let config = ControllerConfig::default()
+        .expiry_tick(Duration::from_millis(20))
+        .settle(Duration::ZERO)
+        .concurrency_limit(Some(volley::ConcurrencyLimit::default()));
+    let controller = Controller::new(config);
+    let addr = controller.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let registry = Registry::connect(&addr).await.unwrap();
+    let instance = Server::builder().handle(&PING, |x: u64| async move { Ok(x) }).build();
+    let at = instance.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let _registration = registry
+        .register(&instance, vec![InstanceSpec::new("live", &at)], LeaseConfig::default())
+        .await
+        .unwrap();
+
+    let flooder = Client::connect(&addr).await.unwrap();
+    let mut flood = tokio::task::JoinSet::new();
+    for k in 0..HELD {
+        let (c, epoch) = (flooder.clone(), controller.epoch());
+        let w = WatchRequest {
+            service: format!("quiet-{}", k % 10),
+            epoch,
+            from_revision: u64::MAX / 2,
+            timeout_ms: 60_000,
+            client_id: 0,
+        };
+        flood.spawn(async move { c.call(&WATCH, w).await });
+    }
+    wait_for(Duration::from_secs(30), "every watch to be held", async || {
+        if let Some(Ok(r)) = flood.try_join_next() {
+            panic!("a watch was answered instead of held: {r:?}");
+        }
+        controller.stats().watches_held == HELD as u64
+    })
+    .await;
+    let canary = Client::connect(&addr).await.unwrap();
+    for i in 0..100 {
+        let r = canary.call(&RESOLVE, "live".to_string()).await;
+        assert_eq!(r.unwrap_or_else(|e| panic!("resolve {i}: {e}")).instances.len(), 1);
+    }
+    flood.abort_all();
+    instance.shutdown().await;
+    controller.shutdown().await;
+}

@@ -89,6 +89,10 @@ pub struct ControllerConfig {
     /// How long a service with no instance left is still known (`resolve` says `known`, `list`
     /// names it) before the controller forgets it. Default 60 s.
     pub forget_after: Duration,
+    /// An adaptive bound on the requests handled at once (as
+    /// [`ServerBuilder::concurrency_limit`](crate::ServerBuilder::concurrency_limit)); held
+    /// watches are outside it. `None` (the default): no limit.
+    pub concurrency_limit: Option<crate::ConcurrencyLimit>,
 }
 
 impl Default for ControllerConfig {
@@ -112,6 +116,7 @@ impl Default for ControllerConfig {
             store_limits: StoreLimits::default(),
             max_list_bytes: 8 << 20,
             forget_after: Duration::from_secs(60),
+            concurrency_limit: None,
         }
     }
 }
@@ -352,6 +357,9 @@ fn build_server(st: &Arc<State>) -> Server {
     }
     if let Some(addr) = &st.config.admin {
         builder = builder.admin(addr.clone());
+    }
+    if let Some(limit) = c.concurrency_limit {
+        builder = builder.concurrency_limit(limit);
     }
     builder
         .handle(&REGISTER, with_state!(register))

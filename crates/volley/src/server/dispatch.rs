@@ -313,7 +313,9 @@ impl Dispatch {
                 return;
             }
         }
-        if !self.admit_group(c, out) {
+        // A route served request by request holds long polls, outside the limit (see
+        // `ServerBuilder::handle_each`).
+        if !route.alone && !self.admit_group(c, out) {
             return;
         }
         if route.alone && self.group.len() > 1 {
@@ -355,7 +357,9 @@ impl Dispatch {
                 None => return, // a synchronous handler answered already
             }
         };
-        self.start(c, out, in_span(fut, span), Counted { items: n, batch: false, charge: n }, deadline);
+        // Under the limit, unless the route is outside it (`flush`).
+        let charge = if route.alone { 0 } else { n };
+        self.start(c, out, in_span(fut, span), Counted { items: n, batch: false, charge }, deadline);
     }
 
     /// Opens stream `id` of `names` (PROTOCOL.md §9.9), or answers why it cannot be.

@@ -93,7 +93,10 @@ impl ServerBuilder {
     /// Registers an async handler whose requests are each served on their own: one that waits
     /// long (a long poll) never holds back the reply of another that arrived with it, as it
     /// would under [`handle`](Self::handle), which answers the requests of one turn together.
-    /// Costs a task per request that waits.
+    /// Costs a task per request that waits. Such requests are not under the
+    /// [concurrency limit](Self::concurrency_limit): the time a long poll waits says nothing
+    /// of the server's load, and counting it would shrink the limit for every other method.
+    /// Bound how many the handler holds yourself (the controller's watches do).
     pub fn handle_each<Req, Resp, F, Fut>(mut self, m: &Method<Req, Resp>, f: F) -> Self
     where
         Req: Wire,
