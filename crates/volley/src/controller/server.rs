@@ -378,6 +378,22 @@ fn build_server(st: &Arc<State>) -> Server {
         .build()
 }
 
+/// Services forgotten from which the controller hands freed memory back to the system: a flood of short-lived names (hundreds of thousands) otherwise leaves the
+/// process at its peak size for good.
+const GIVE_BACK_AFTER: usize = 1_024;
+
+/// Returns the allocator's free memory to the system. glibc keeps freed memory of the main
+/// heap for reuse: after 320,000 lapsed names were forgotten the controller stayed at 73 MiB
+/// (8 MiB idle) until `malloc_trim`, which took it to 17 MiB. Other allocators return it by
+/// themselves.
+fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 impl State {
     fn settling(&self) -> bool {
         !self.store.durable() && self.started.elapsed() < self.config.settle
@@ -396,6 +412,7 @@ impl State {
     }
 
     async fn expire_loop(&self) {
+        let mut forgotten_since_trim = 0;
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => return,
@@ -410,6 +427,11 @@ impl State {
                     tracing::debug!(services = gone.len(), "forgot services with no instance left");
                     self.forgotten.fetch_add(gone.len() as u64, Relaxed);
                     self.relay.forget(&gone);
+                    forgotten_since_trim += gone.len();
+                    if forgotten_since_trim >= GIVE_BACK_AFTER {
+                        forgotten_since_trim = 0;
+                        give_back_memory();
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "forgetting empty services failed"),
