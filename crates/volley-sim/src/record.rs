@@ -32,6 +32,8 @@ pub struct Log {
     pub client_ids: Vec<(u64, String, u32)>,
     /// When the last fault was healed (every host up, every link whole).
     pub healed_ms: u64,
+    /// What the controller held near the end: client ids, watches.
+    pub held: Option<(u64, u64)>,
 }
 
 impl Log {

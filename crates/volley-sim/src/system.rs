@@ -114,6 +114,11 @@ pub fn controller(sim: &mut turmoil::Sim<'_>, log: &Shared) {
             let c = Controller::new(config);
             c.listen(REGISTRY).await?;
             log.event("ctl serving");
+            // What the controller holds once the run has settled: bounded by what is alive.
+            sleep_until_ms(OBSERVE_UNTIL_MS - 500).await;
+            let st = c.stats();
+            log.event(format!("ctl holds {} client ids, {} watches", st.client_ids_held, st.watches_held));
+            log.lock().held = Some((st.client_ids_held, st.watches_held));
             std::future::pending::<()>().await;
             drop(c);
             Ok(())
