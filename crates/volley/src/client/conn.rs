@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::clock;
 use super::flow::{FlowControl, FlowLimits, InFlightBytes};
 use super::pending::{Inserted, Outcome, Pending, Reply, Waiter, waiter};
 use super::stream_table::{Event as StreamEvent, Registered, Streams};
@@ -239,8 +240,10 @@ impl StreamConn {
     async fn sweep_loop(self: Arc<Self>) {
         let mut expired = Vec::new();
         while self.is_alive() {
-            let started = std::time::Instant::now();
-            let now = coarsetime::Instant::now();
+            // Tokio's clock, not the machine's, so a paused or simulated clock sees a sweep
+            // take no time and the gap stays the same from run to run.
+            let started = Instant::now();
+            let now = clock::now();
             let next = self.pending.expire(now, &mut expired);
             if !expired.is_empty() {
                 let _ = self.outbox.push(|fb| expired.drain(..).for_each(|id| fb.cancel(id)));
@@ -546,7 +549,7 @@ impl StreamConn {
         push: impl FnOnce(&mut FrameBuilder, u64) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
         let (tx, rx) = waiter();
-        let deadline = coarsetime::Instant::now() + coarsetime::Duration::from(left);
+        let deadline = clock::now() + clock::Ticks::from(left);
         let Inserted { id, wake_sweeper } =
             self.pending.insert(id, tx, deadline, timeout, next_id).map_err(never_sent)?;
         if wake_sweeper {

@@ -12,6 +12,7 @@
 //! ```
 
 mod batch;
+mod clock;
 mod conn;
 mod flow;
 mod id_table;

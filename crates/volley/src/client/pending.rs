@@ -17,8 +17,8 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
+use super::clock::Instant;
 use bytes::Bytes;
-use coarsetime::Instant;
 use parking_lot::Mutex;
 
 use super::id_table::IdTable;

@@ -8,6 +8,7 @@
 //! - `tls`: rustls sessions over tcp, behind the same trait (feature `tls`).
 //! - `shm`: byte rings in memory shared with a process on the same host, set up over a unix
 //!   socket, behind the same trait (Linux).
+//! - `sim`: `tcp://` on a simulated host of a turmoil simulation (feature `sim`).
 //! - `outbox`: the send side of a byte connection — callers append messages, one writer
 //!   drains everything queued into one write.
 //! - `reader`: the receive side — reads into one reusable buffer and hands up every complete
@@ -20,6 +21,8 @@ pub(crate) mod outbox;
 pub(crate) mod reader;
 #[cfg(target_os = "linux")]
 pub(crate) mod shm;
+#[cfg(feature = "sim")]
+pub(crate) mod sim;
 pub(crate) mod socket;
 pub(crate) mod stream;
 #[cfg(feature = "tls")]

@@ -25,6 +25,9 @@ pub(crate) enum Stream {
     Tls(super::tls::TlsStream),
     #[cfg(target_os = "linux")]
     Shm(super::shm::ShmStream),
+    /// `tcp://` on a simulated host (`sim.rs`).
+    #[cfg(feature = "sim")]
+    Sim(turmoil::net::TcpStream),
 }
 
 /// The read half of a [`Stream`].
@@ -35,6 +38,8 @@ pub(crate) enum StreamRead {
     Tls(super::tls::TlsReadHalf),
     #[cfg(target_os = "linux")]
     Shm(super::shm::ShmRead),
+    #[cfg(feature = "sim")]
+    Sim(super::sim::SimRead),
 }
 
 /// The write half of a [`Stream`].
@@ -45,6 +50,8 @@ pub(crate) enum StreamWrite {
     Tls(<super::tls::TlsStream as ByteStream>::Write),
     #[cfg(target_os = "linux")]
     Shm(super::shm::ShmWrite),
+    #[cfg(feature = "sim")]
+    Sim(turmoil::net::tcp::OwnedWriteHalf),
 }
 
 /// Calls the same method on whichever half an enum holds.
@@ -57,6 +64,8 @@ macro_rules! each {
             Self::Tls($half) => $body,
             #[cfg(target_os = "linux")]
             Self::Shm($half) => $body,
+            #[cfg(feature = "sim")]
+            Self::Sim($half) => $body,
         }
     };
 }
@@ -84,6 +93,11 @@ impl ByteStream for Stream {
             Stream::Shm(s) => {
                 let (r, w) = s.into_halves();
                 (StreamRead::Shm(r), StreamWrite::Shm(w))
+            }
+            #[cfg(feature = "sim")]
+            Stream::Sim(s) => {
+                let (r, w) = s.into_halves();
+                (StreamRead::Sim(r), StreamWrite::Sim(w))
             }
         }
     }
@@ -150,6 +164,10 @@ pub(crate) async fn connect(
 ) -> Result<Stream, Error> {
     let fail = |e| Error::io(&format!("connect to {addr}"), e);
     match addr {
+        #[cfg(feature = "sim")]
+        Address::Tcp(a) if super::sim::active() => {
+            Ok(Stream::Sim(turmoil::net::TcpStream::connect(a.as_str()).await.map_err(fail)?))
+        }
         Address::Tcp(a) => {
             let s = TcpStream::connect(a.as_str()).await.map_err(fail)?;
             // Requests are bundled by the outbox already; Nagle would only add latency.
@@ -193,6 +211,8 @@ pub(crate) enum Listener {
     /// The unix socket connections to a `shm://` address are set up over, and the most bytes
     /// each of a connection's rings may hold.
     Shm(UnixListener, usize),
+    #[cfg(feature = "sim")]
+    Sim(turmoil::net::TcpListener),
 }
 
 /// A socket just accepted, before its handshake.
@@ -202,6 +222,8 @@ pub(crate) enum Accepted {
     #[cfg(feature = "tls")]
     Tls(TcpStream, super::tls::TlsServer),
     Shm(UnixStream, usize),
+    #[cfg(feature = "sim")]
+    Sim(turmoil::net::TcpStream),
 }
 
 /// Binds a socket address (not `inproc://`); returns the listener and the address it is bound
@@ -217,6 +239,11 @@ pub(crate) async fn bind(
     let local =
         |l: &TcpListener| l.local_addr().map(|a| a.to_string()).map_err(|e| Error::io("local address", e));
     match addr {
+        #[cfg(feature = "sim")]
+        Address::Tcp(a) if super::sim::active() => {
+            let (l, bound) = super::sim::bind(a).await.map_err(fail)?;
+            Ok((Listener::Sim(l), Address::Tcp(bound)))
+        }
         Address::Tcp(a) => {
             let l = TcpListener::bind(a.as_str()).await.map_err(fail)?;
             let bound = Address::Tcp(local(&l)?);
@@ -259,6 +286,8 @@ impl Listener {
             #[cfg(feature = "tls")]
             Listener::Tls(l, tls) => Ok(Accepted::Tls(nodelay(l.accept().await?.0)?, tls.clone())),
             Listener::Shm(l, max_ring) => Ok(Accepted::Shm(l.accept().await?.0, *max_ring)),
+            #[cfg(feature = "sim")]
+            Listener::Sim(l) => Ok(Accepted::Sim(l.accept().await?.0)),
         }
     }
 }
@@ -277,6 +306,8 @@ impl Accepted {
             #[cfg(feature = "tls")]
             Accepted::Tls(s, _) => s.peer().replacen("tcp://", "tls://", 1),
             Accepted::Shm(..) => "shm peer".into(),
+            #[cfg(feature = "sim")]
+            Accepted::Sim(s) => s.peer(),
         }
     }
 
@@ -292,6 +323,8 @@ impl Accepted {
             Accepted::Shm(s, max_ring) => Ok(Stream::Shm(super::shm::accept(s, max_ring).await?)),
             #[cfg(not(target_os = "linux"))]
             Accepted::Shm(..) => unreachable!("shm:// is bound on Linux only"),
+            #[cfg(feature = "sim")]
+            Accepted::Sim(s) => Ok(Stream::Sim(s)),
         }
     }
 }
