@@ -13,6 +13,7 @@
 
 mod batch;
 mod conn;
+mod fingerprint;
 mod flow;
 mod id_table;
 mod pending;

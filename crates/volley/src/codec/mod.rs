@@ -99,6 +99,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub mod fast;
+pub mod fingerprint;
 pub mod general;
 pub mod hash;
 pub mod pod;
@@ -135,6 +136,14 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// declared with `wire!(json: …)`, `wire!(msgpack: …)` or `wire!(…)` that also derive
     /// `schemars::JsonSchema`, with the feature `schema` on. `None` otherwise.
     fn schema() -> Option<serde_json::Value> {
+        None
+    }
+    /// The fingerprint of the type's shape, for the fast tier, whose bytes do not show when
+    /// two builds disagree on a type (docs/PROTOCOL.md, *Schema fingerprints*): types declared
+    /// with `wire!(…)` (serde), and `wire!(bitcode: …)` when they also derive serde's
+    /// `Deserialize` ([`fingerprint`]). `None` for the other tiers, whose decoding catches a
+    /// mismatch itself, and for types whose shape cannot be traced.
+    fn fingerprint() -> Option<u64> {
         None
     }
     /// Appends the encoded value to `out`.
@@ -357,6 +366,11 @@ macro_rules! wire {
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::Fast;
             const FORMAT: &'static str = "bitcode";
+            fn fingerprint() -> ::std::option::Option<u64> {
+                #[allow(unused_imports)]
+                use $crate::codec::fingerprint::{NoSerde as _, ViaSerde as _};
+                (&$crate::codec::schema::Probe::<$t>::new()).volley_fingerprint()
+            }
             #[inline]
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::fast::encode(self, out);
@@ -422,6 +436,9 @@ macro_rules! wire {
                 #[allow(unused_imports)]
                 use $crate::codec::schema::{NoSchema as _, ViaSchema as _};
                 (&$crate::codec::schema::Probe::<$t>::new()).volley_schema()
+            }
+            fn fingerprint() -> ::std::option::Option<u64> {
+                $crate::codec::fingerprint::of_serde::<$t>()
             }
             #[inline]
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
