@@ -299,3 +299,51 @@ async fn a_server_that_checks_gets_the_fingerprints_once_per_connection_and_meth
     let want = Fingerprints { request: fp::<OrderV1>(), reply: fp::<Receipt>() };
     assert_eq!(*seen.lock(), vec![Some(want), None, None]);
 }
+
+/// Every change of the evolution table (PROTOCOL.md §15.5) that the fast tier cannot make
+/// changes the fingerprint, so the check catches it: add, remove, rename, reorder a field,
+/// widen an integer, add an enum variant.
+#[test]
+fn every_change_of_the_evolution_table_changes_the_fingerprint() {
+    macro_rules! shapes {
+        ($($name:ident { $($body:tt)* })*) => {$(
+            #[derive(Serialize, Deserialize)]
+            #[allow(dead_code)]
+            struct $name { $($body)* }
+            volley::wire!($name);
+        )*};
+    }
+    shapes! {
+        Base { a: u32, b: String }
+        Added { a: u32, b: String, #[serde(default)] c: bool }
+        Removed { a: u32 }
+        Renamed { x: u32, b: String }
+        Reordered { b: String, a: u32 }
+        Widened { a: u64, b: String }
+    }
+    #[derive(Serialize, Deserialize)]
+    #[allow(dead_code)]
+    enum Kind {
+        A,
+        B,
+    }
+    #[derive(Serialize, Deserialize)]
+    #[allow(dead_code)]
+    enum KindMore {
+        A,
+        B,
+        C,
+    }
+    volley::wire!(Kind, KindMore);
+    let base = fp::<Base>();
+    for (change, other) in [
+        ("add a field", fp::<Added>()),
+        ("remove a field", fp::<Removed>()),
+        ("rename a field", fp::<Renamed>()),
+        ("reorder fields", fp::<Reordered>()),
+        ("widen an integer", fp::<Widened>()),
+    ] {
+        assert_ne!(base, other, "{change}");
+    }
+    assert_ne!(fp::<Kind>(), fp::<KindMore>(), "add an enum variant");
+}

@@ -146,6 +146,11 @@ pub trait Wire: Sized + Send + Sync + 'static {
     fn fingerprint() -> Option<u64> {
         None
     }
+    /// For protobuf types (`wire!(proto: …)`): the message's full name and, when declared
+    /// with one, the descriptor set of its `.proto` files. `None` for every other type.
+    fn protobuf() -> Option<general::Protobuf> {
+        None
+    }
     /// Appends the encoded value to `out`.
     fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError>;
     /// Decodes a value from exactly the bytes of one payload.
@@ -318,6 +323,7 @@ impl Wire for bool {
 /// | `volley::wire!(json: T)` | general: JSON (serde_json) | `T: Serialize + DeserializeOwned` |
 /// | `volley::wire!(msgpack: T)` | general: MessagePack, structs as maps (rmp-serde) | `T: Serialize + DeserializeOwned` |
 /// | `volley::wire!(proto: T)` | general: protobuf (prost; feature `proto`) | `T: prost::Message + Default` |
+/// | `volley::wire!(proto(SET): T)` | as above; reflection also hands out `SET`, the descriptor set (`&'static [u8]`) of `T`'s `.proto` files | as above |
 ///
 /// Both sides of a method must declare the same tier for a type: the bytes differ between
 /// tiers (and between bitcode's serde mode and its derive), and nothing on the wire says which
@@ -399,10 +405,24 @@ macro_rules! wire {
             }
         }
     )+};
-    (proto: $($t:ty),+ $(,)?) => {$(
+    (proto: $($t:ty),+ $(,)?) => {
+        $crate::wire!(@proto [::std::option::Option::None] $($t),+);
+    };
+    (proto($descriptor_set:expr): $($t:ty),+ $(,)?) => {
+        $crate::wire!(@proto [::std::option::Option::Some($descriptor_set)] $($t),+);
+    };
+    (@proto [$descriptor_set:expr] $($t:ty),+) => {$(
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::General;
             const FORMAT: &'static str = "protobuf";
+            fn protobuf() -> ::std::option::Option<$crate::codec::general::Protobuf> {
+                #[allow(unused_imports)]
+                use $crate::codec::general::{NoName as _, ViaName as _};
+                ::std::option::Option::Some($crate::codec::general::Protobuf {
+                    message: (&$crate::codec::schema::Probe::<$t>::new()).volley_proto_name(),
+                    descriptor_set: $descriptor_set,
+                })
+            }
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::general::proto_encode(self, out)
             }
