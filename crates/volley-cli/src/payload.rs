@@ -226,7 +226,7 @@ mod tests {
     use super::*;
 
     fn t(format: &str, name: &str) -> TypeInfo {
-        TypeInfo { name: name.into(), tier: "x".into(), format: format.into(), schema: None }
+        TypeInfo { name: name.into(), tier: "x".into(), format: format.into(), ..TypeInfo::default() }
     }
 
     fn round(ty: &TypeInfo, v: Value, o: Options) -> Value {

@@ -41,7 +41,7 @@ pub fn to_json(m: &Message) -> Value {
         if let Some(d) = ext.deadline_micros {
             v["deadline_micros"] = json!(d);
         }
-        if let Some(t) = ext.trace_parent {
+        if let Some(t) = ext.trace_parent.as_deref() {
             let mut b = vec![0u8];
             b.extend_from_slice(&t.trace_id);
             b.extend_from_slice(&t.parent_id);
@@ -112,7 +112,8 @@ fn ext_of(v: &Value) -> Extensions {
         deadline_micros: v.get("deadline_micros").map(|d| d.as_u64().unwrap() as u32),
         trace_parent: v
             .get("traceparent")
-            .map(|t| TraceParent::from_bytes(&unhex(t.as_str().unwrap())).unwrap()),
+            .map(|t| Box::new(TraceParent::from_bytes(&unhex(t.as_str().unwrap())).unwrap())),
+        ..Extensions::NONE
     }
 }
 

@@ -85,7 +85,7 @@ impl HandlerKind {
 }
 
 /// A request or reply type as a tool sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TypeInfo {
     /// The type's name in its language (Rust: `std::any::type_name`).
     pub name: String,
@@ -96,6 +96,27 @@ pub struct TypeInfo {
     /// A JSON Schema, where the type has one ([`Wire::schema`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<serde_json::Value>,
+    /// The schema fingerprint of a fast-tier type ([`Wire::fingerprint`]), 16 hex digits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// A protobuf type's message name and descriptor set ([`Wire::protobuf`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protobuf: Option<ProtobufInfo>,
+}
+
+/// What reflection says of a protobuf type: what a tool needs to build and read its payloads
+/// without the generated code.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProtobufInfo {
+    /// The message's full name (`package.Message`), when the type implements `prost::Name`
+    /// (prost-build's `enable_type_names`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The descriptor set (`google.protobuf.FileDescriptorSet`, binary) of the type's `.proto`
+    /// files, in standard base64, when the type was declared with one
+    /// (`wire!(proto(DESCRIPTOR_SET): T)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub descriptor_set: Option<String>,
 }
 
 impl TypeInfo {
@@ -106,6 +127,11 @@ impl TypeInfo {
             tier: T::TIER.name().to_string(),
             format: T::FORMAT.to_string(),
             schema: T::schema(),
+            fingerprint: T::fingerprint().map(|f| format!("{f:016x}")),
+            protobuf: T::protobuf().map(|p| ProtobufInfo {
+                message: p.message,
+                descriptor_set: p.descriptor_set.map(crate::codec::general::base64),
+            }),
         }
     }
 }

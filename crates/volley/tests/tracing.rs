@@ -350,7 +350,7 @@ async fn a_request_without_trace_context_is_served_in_a_root_span() {
 async fn a_raw_traceparent_becomes_the_served_span_s_parent() {
     let (server, service, addr) = echo_on_tcp("raw").await;
     let tp = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
-    let ext = Extensions { trace_parent: Some(tp), ..Extensions::NONE };
+    let ext = Extensions { trace_parent: Some(Box::new(tp)), ..Extensions::NONE };
     assert_eq!(raw_echo(&addr, service, ext, |_| {}).await, 77);
     let (_, serve) = one("volley.serve", service);
     assert_eq!(serve.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
@@ -366,7 +366,7 @@ async fn a_malformed_traceparent_is_ignored_and_the_call_succeeds() {
     // A trace id of this test's own, so that the debug event can be told apart.
     let trace_id: [u8; 16] = std::array::from_fn(|_| fastrand::u8(1..));
     let tp = TraceParent { trace_id, parent_id: [3; 8], flags: 1 };
-    let ext = Extensions { trace_parent: Some(tp), ..Extensions::NONE };
+    let ext = Extensions { trace_parent: Some(Box::new(tp)), ..Extensions::NONE };
     let mut value = vec![0u8];
     value.extend_from_slice(&trace_id);
     let bad_version = |bytes: &mut Vec<u8>| {

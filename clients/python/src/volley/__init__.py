@@ -36,6 +36,8 @@ from .codec import (
     Codec,
     Method,
     Pod,
+    Protobuf,
+    protobuf_classes,
 )
 from .errors import (
     ApplicationError,
@@ -107,6 +109,8 @@ __all__ = [
     "OverloadedError",
     "PanickedError",
     "Pod",
+    "Protobuf",
+    "protobuf_classes",
     "ProtocolError",
     "ProtocolViolationError",
     "RAW",

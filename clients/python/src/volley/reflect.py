@@ -18,7 +18,11 @@ LIST = Method(SERVICE, "list", UNIT, JSON)
 
 def type_info(codec: Codec) -> dict[str, Any]:
     """What reflection says of a type travelling with ``codec``."""
-    return {"name": codec.type_name, "tier": codec.tier, "format": codec.format}
+    info: dict[str, Any] = {"name": codec.type_name, "tier": codec.tier, "format": codec.format}
+    protobuf = getattr(codec, "reflection", None)
+    if protobuf is not None:
+        info["protobuf"] = protobuf()
+    return info
 
 
 def catalog(routes: dict) -> dict[str, Any]:

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::clock;
+use super::fingerprint::{Sent, Source};
 use super::flow::{FlowControl, FlowLimits, InFlightBytes};
 use super::pending::{Inserted, Outcome, Pending, Reply, Waiter, waiter};
 use super::stream_table::{Event as StreamEvent, Registered, Streams};
@@ -17,7 +18,7 @@ use crate::liveness::{Action, Keepalive, Liveness};
 use crate::method::Method;
 use crate::metrics::stats::Counters;
 use crate::proto::encode::{BuildError, FrameBuilder, ZERO_COPY_MIN};
-use crate::proto::extensions::FEATURE_EXTENSIONS;
+use crate::proto::extensions::{FEATURE_EXTENSIONS, FEATURE_FINGERPRINTS};
 use crate::proto::message::as_str;
 use crate::proto::preamble::FEATURE_STREAMS;
 use crate::proto::{Code, Extensions, ItemResult, Limits, Message, TraceParent};
@@ -53,6 +54,10 @@ pub(crate) struct StreamConn {
     wants_deadlines: bool,
     /// Whether the server's preamble said it accepts streams.
     peer_streams: AtomicBool,
+    /// Whether the server's preamble said it checks schema fingerprints, and the methods whose
+    /// fingerprints this connection sent it.
+    peer_fingerprints: AtomicBool,
+    fingerprints_sent: Sent,
     /// The streams open on this connection.
     streams: Streams,
     /// Whether calls write bundles early (see `send_and_wait`): only where the writer task
@@ -150,6 +155,8 @@ impl StreamConn {
             preamble_event: Default::default(),
             wants_deadlines: opts.send_deadlines,
             peer_streams: AtomicBool::new(false),
+            peer_fingerprints: AtomicBool::new(false),
+            fingerprints_sent: Sent::default(),
             streams: Streams::default(),
             early_bundles: !lifo_runtime(),
             limits,
@@ -315,6 +322,7 @@ impl StreamConn {
         };
         self.peer_extensions.store(reader.peer_features() & FEATURE_EXTENSIONS != 0, Ordering::Relaxed);
         self.peer_streams.store(reader.peer_features() & FEATURE_STREAMS != 0, Ordering::Relaxed);
+        self.peer_fingerprints.store(reader.peer_features() & FEATURE_FINGERPRINTS != 0, Ordering::Relaxed);
         self.preamble_read.store(true, Ordering::Release);
         self.preamble_event.cancel();
         Some(read)
@@ -433,7 +441,7 @@ impl StreamConn {
         sending: (Duration, Option<&TraceParent>),
     ) -> Result<Resp, Error> {
         let reply = self
-            .roundtrip(id, next_id, 1, sending, |fb, id, ext| match req.as_bytes() {
+            .roundtrip(id, next_id, 1, (sending, Source::of(m)), |fb, id, ext| match req.as_bytes() {
                 Some(b) if b.len() >= ZERO_COPY_MIN => {
                     fb.request_bytes(id, flags, ext, (m.service(), m.name()), b).map_err(build_error)
                 }
@@ -461,7 +469,7 @@ impl StreamConn {
         sending: (Duration, Option<&TraceParent>),
     ) -> Result<Vec<Result<Resp, Error>>, Error> {
         let reply = self
-            .roundtrip(id, next_id, items.len(), sending, |fb, id, ext| {
+            .roundtrip(id, next_id, items.len(), (sending, Source::of(m)), |fb, id, ext| {
                 fb.batch_request(id, flags, ext, (m.service(), m.name()), items, |r, buf| r.encode(buf))
                     .map_err(build_error)
             })
@@ -486,12 +494,13 @@ impl StreamConn {
 
     /// The path every request takes: wait for room, register a waiter, queue the message
     /// (`push` encodes it under id `id`, with its extensions), wait for the outcome.
+    /// `fingerprints`: where the method's schema fingerprints come from, if it has any.
     async fn roundtrip(
         &self,
         id: u64,
         next_id: impl FnMut() -> u64,
         items: usize,
-        (timeout, trace): (Duration, Option<&TraceParent>),
+        ((timeout, trace), fingerprints): ((Duration, Option<&TraceParent>), Option<Source>),
         push: impl FnOnce(&mut FrameBuilder, u64, &Extensions) -> Result<(), Error>,
     ) -> Result<Reply, Error> {
         // A call that finds no room waits for it within its timeout, and has what is left of
@@ -505,7 +514,10 @@ impl StreamConn {
                 (admitted.map_err(|_| Error::Timeout(timeout))??, timeout.saturating_sub(t0.elapsed()))
             }
         };
-        let left = if self.preamble_read.load(Ordering::Acquire) || (trace.is_none() && !self.wants_deadlines)
+        // A fast-tier method waits too: sent before the server's preamble says whether it
+        // checks fingerprints, its first request would go unchecked.
+        let left = if self.preamble_read.load(Ordering::Acquire)
+            || (trace.is_none() && !self.wants_deadlines && fingerprints.is_none())
         {
             left
         } else {
@@ -516,7 +528,20 @@ impl StreamConn {
         // a trace context there would enlarge every call's future.
         let sent_budget = self.sends_budget(left);
         let outcome = self
-            .send_and_wait(id, next_id, timeout, left, |fb, id| push(fb, id, &self.extensions(left, trace)))
+            .send_and_wait(id, next_id, timeout, left, |fb, id| {
+                let mut ext = self.extensions(left, trace);
+                let source = fingerprints.filter(|_| self.checks_fingerprints());
+                if let Some(source) = &source {
+                    ext.fingerprints = self.fingerprints_sent.due(source).map(Box::new);
+                }
+                let pushed = push(fb, id, &ext);
+                // Recorded once queued (under the outbox's lock, so no request of the method
+                // queued after it can overtake it): a request refused locally sent nothing.
+                if let (Ok(()), Some(source), Some(_)) = (&pushed, &source, &ext.fingerprints) {
+                    self.fingerprints_sent.sent(source);
+                }
+                pushed
+            })
             .await;
         outcome.map_err(|e| timed_out(e, sent_budget, timeout))
     }
@@ -613,7 +638,7 @@ impl StreamConn {
         sending: (Duration, Option<&TraceParent>),
     ) -> Result<bytes::Bytes, Error> {
         let reply = self
-            .roundtrip(id, next_id, 1, sending, |fb, id, ext| {
+            .roundtrip(id, next_id, 1, (sending, None), |fb, id, ext| {
                 fb.request_bytes(id, flags, ext, (service, method), payload).map_err(build_error)
             })
             .await?;
@@ -634,7 +659,13 @@ impl StreamConn {
         }
         let deadline_micros =
             if self.wants_deadlines { u32::try_from(timeout.as_micros()).ok() } else { None };
-        Extensions { deadline_micros, trace_parent: trace.copied() }
+        Extensions { deadline_micros, trace_parent: trace.map(|t| Box::new(*t)), fingerprints: None }
+    }
+
+    /// Whether the server checks schema fingerprints (it announced them, and extensions to carry
+    /// them in).
+    fn checks_fingerprints(&self) -> bool {
+        self.peer_fingerprints.load(Ordering::Relaxed) && self.peer_extensions.load(Ordering::Relaxed)
     }
 
     /// Whether a request whose call may take `timeout` carries it as its budget.

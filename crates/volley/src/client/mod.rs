@@ -14,6 +14,7 @@
 mod batch;
 mod clock;
 mod conn;
+mod fingerprint;
 mod flow;
 mod id_table;
 mod pending;

@@ -53,6 +53,43 @@ pub fn proto_encode<T: prost::Message>(v: &T, out: &mut BytesMut) -> Result<(), 
     v.encode(out).map_err(|e| CodecError::of::<T>("protobuf", e))
 }
 
+/// What reflection says of a protobuf type ([`Wire::protobuf`](crate::Wire::protobuf)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Protobuf {
+    /// The message's full name, when the type implements `prost::Name`.
+    pub message: Option<String>,
+    /// The descriptor set of its `.proto` files, when it was declared with one.
+    pub descriptor_set: Option<&'static [u8]>,
+}
+
+/// Picks the message name of a type that implements `prost::Name` in `wire!(proto: T)`: found
+/// on `&Probe<T>` without autoref.
+pub trait ViaName {
+    fn volley_proto_name(&self) -> Option<String>;
+}
+
+/// Taken otherwise: found on `&&Probe<T>`, one autoref later.
+pub trait NoName {
+    fn volley_proto_name(&self) -> Option<String> {
+        None
+    }
+}
+
+impl<T: ?Sized> NoName for &super::schema::Probe<T> {}
+
+#[cfg(feature = "proto")]
+impl<T: prost::Name> ViaName for super::schema::Probe<T> {
+    fn volley_proto_name(&self) -> Option<String> {
+        Some(T::full_name())
+    }
+}
+
+/// Standard base64 (RFC 4648, with padding), for bytes in JSON.
+pub(crate) fn base64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
 /// Decodes one protobuf message from the whole payload (protobuf has no end marker: the
 /// payload's length delimits it, as in every tier).
 #[cfg(feature = "proto")]

@@ -99,6 +99,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 pub mod fast;
+pub mod fingerprint;
 pub mod general;
 pub mod hash;
 pub mod pod;
@@ -135,6 +136,19 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// declared with `wire!(json: …)`, `wire!(msgpack: …)` or `wire!(…)` that also derive
     /// `schemars::JsonSchema`, with the feature `schema` on. `None` otherwise.
     fn schema() -> Option<serde_json::Value> {
+        None
+    }
+    /// The fingerprint of the type's shape, for the fast tier, whose bytes do not show when
+    /// two builds disagree on a type (docs/PROTOCOL.md, *Schema fingerprints*): types declared
+    /// with `wire!(…)` (serde), and `wire!(bitcode: …)` when they also derive serde's
+    /// `Deserialize` ([`fingerprint`]). `None` for the other tiers, whose decoding catches a
+    /// mismatch itself, and for types whose shape cannot be traced.
+    fn fingerprint() -> Option<u64> {
+        None
+    }
+    /// For protobuf types (`wire!(proto: …)`): the message's full name and, when declared
+    /// with one, the descriptor set of its `.proto` files. `None` for every other type.
+    fn protobuf() -> Option<general::Protobuf> {
         None
     }
     /// Appends the encoded value to `out`.
@@ -309,6 +323,7 @@ impl Wire for bool {
 /// | `volley::wire!(json: T)` | general: JSON (serde_json) | `T: Serialize + DeserializeOwned` |
 /// | `volley::wire!(msgpack: T)` | general: MessagePack, structs as maps (rmp-serde) | `T: Serialize + DeserializeOwned` |
 /// | `volley::wire!(proto: T)` | general: protobuf (prost; feature `proto`) | `T: prost::Message + Default` |
+/// | `volley::wire!(proto(SET): T)` | as above; reflection also hands out `SET`, the descriptor set (`&'static [u8]`) of `T`'s `.proto` files | as above |
 ///
 /// Both sides of a method must declare the same tier for a type: the bytes differ between
 /// tiers (and between bitcode's serde mode and its derive), and nothing on the wire says which
@@ -357,6 +372,11 @@ macro_rules! wire {
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::Fast;
             const FORMAT: &'static str = "bitcode";
+            fn fingerprint() -> ::std::option::Option<u64> {
+                #[allow(unused_imports)]
+                use $crate::codec::fingerprint::{NoSerde as _, ViaSerde as _};
+                (&$crate::codec::schema::Probe::<$t>::new()).volley_fingerprint()
+            }
             #[inline]
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::fast::encode(self, out);
@@ -385,10 +405,24 @@ macro_rules! wire {
             }
         }
     )+};
-    (proto: $($t:ty),+ $(,)?) => {$(
+    (proto: $($t:ty),+ $(,)?) => {
+        $crate::wire!(@proto [::std::option::Option::None] $($t),+);
+    };
+    (proto($descriptor_set:expr): $($t:ty),+ $(,)?) => {
+        $crate::wire!(@proto [::std::option::Option::Some($descriptor_set)] $($t),+);
+    };
+    (@proto [$descriptor_set:expr] $($t:ty),+) => {$(
         impl $crate::Wire for $t {
             const TIER: $crate::codec::Tier = $crate::codec::Tier::General;
             const FORMAT: &'static str = "protobuf";
+            fn protobuf() -> ::std::option::Option<$crate::codec::general::Protobuf> {
+                #[allow(unused_imports)]
+                use $crate::codec::general::{NoName as _, ViaName as _};
+                ::std::option::Option::Some($crate::codec::general::Protobuf {
+                    message: (&$crate::codec::schema::Probe::<$t>::new()).volley_proto_name(),
+                    descriptor_set: $descriptor_set,
+                })
+            }
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {
                 $crate::codec::general::proto_encode(self, out)
             }
@@ -422,6 +456,9 @@ macro_rules! wire {
                 #[allow(unused_imports)]
                 use $crate::codec::schema::{NoSchema as _, ViaSchema as _};
                 (&$crate::codec::schema::Probe::<$t>::new()).volley_schema()
+            }
+            fn fingerprint() -> ::std::option::Option<u64> {
+                $crate::codec::fingerprint::of_serde::<$t>()
             }
             #[inline]
             fn encode(&self, out: &mut $crate::bytes::BytesMut) -> ::std::result::Result<(), $crate::CodecError> {

@@ -25,6 +25,9 @@ use super::{CodecError, Tier, Wire, fast, general};
 
 macro_rules! wrapper {
     ($(#[$doc:meta])* $name:ident, $tier:expr, $format:literal, [$($bound:tt)+], $encode:expr, $decode:path) => {
+        wrapper!($(#[$doc])* $name, $tier, $format, [$($bound)+], $encode, $decode, || None);
+    };
+    ($(#[$doc:meta])* $name:ident, $tier:expr, $format:literal, [$($bound:tt)+], $encode:expr, $decode:path, $fingerprint:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name<T>(pub T);
@@ -58,6 +61,10 @@ macro_rules! wrapper {
         impl<T: $($bound)+ + Send + Sync + 'static> Wire for $name<T> {
             const TIER: Tier = $tier;
             const FORMAT: &'static str = $format;
+            fn fingerprint() -> Option<u64> {
+                let fingerprint = $fingerprint;
+                fingerprint()
+            }
             #[inline]
             fn encode(&self, out: &mut BytesMut) -> Result<(), CodecError> {
                 let encode = $encode;
@@ -73,7 +80,13 @@ macro_rules! wrapper {
 
 wrapper!(
     /// `T` in the fast tier, bitcode serde mode: as `volley::wire!(T)`.
-    BitcodeSerde, Tier::Fast, "bitcode-serde", [Serialize + DeserializeOwned], fast::serde_encode, fast::serde_decode
+    BitcodeSerde,
+    Tier::Fast,
+    "bitcode-serde",
+    [Serialize + DeserializeOwned],
+    fast::serde_encode,
+    fast::serde_decode,
+    super::fingerprint::of_serde::<T>
 );
 wrapper!(
     /// `T` in the fast tier, bitcode's derive: as `volley::wire!(bitcode: T)`.

@@ -17,14 +17,56 @@ pub const FEATURE_EXTENSIONS: u8 = 0x01;
 pub const EXT_DEADLINE: u8 = 0x01;
 /// Entry type: W3C trace context, 26 bytes (version, trace-id, parent-id, flags).
 pub const EXT_TRACEPARENT: u8 = 0x02;
+/// Entry type: the schema fingerprints of the method's request and reply types as the caller
+/// declares them, two u64 (0: none).
+pub const EXT_FINGERPRINT: u8 = 0x03;
+/// Preamble feature: the sender (a server) checks schema fingerprints (PROTOCOL.md §15.6).
+pub const FEATURE_FINGERPRINTS: u8 = 0x04;
 
 /// The extensions of one request, as far as this implementation knows them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Extensions {
     /// The caller's remaining time budget when it sent the request, in microseconds.
     pub deadline_micros: Option<u32>,
     /// The caller's trace context: the server's span for the request is a child of it.
-    pub trace_parent: Option<TraceParent>,
+    /// Boxed, as the fingerprints below: both are rare, and inline they would make every
+    /// decoded message too large to move without a call to `memcpy`.
+    pub trace_parent: Option<Box<TraceParent>>,
+    /// The schema fingerprints of the method's types as the caller declares them (a
+    /// connection carries them once per method).
+    pub fingerprints: Option<Box<Fingerprints>>,
+}
+
+/// The schema fingerprints of a method's request and reply types
+/// ([`Wire::fingerprint`](crate::Wire::fingerprint)); 0 for a type that has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Fingerprints {
+    pub request: u64,
+    pub reply: u64,
+}
+
+impl Fingerprints {
+    /// Those of the method `Req` → `Resp`, or `None` when neither type has one.
+    pub fn of<Req: crate::Wire, Resp: crate::Wire>() -> Option<Fingerprints> {
+        let (request, reply) = (Req::fingerprint(), Resp::fingerprint());
+        (request.is_some() || reply.is_some())
+            .then(|| Fingerprints { request: request.unwrap_or(0), reply: reply.unwrap_or(0) })
+    }
+
+    /// Whether methods of these types may carry fingerprints at all: only fast-tier types
+    /// have one, so every other method skips the work at compile time.
+    pub const fn may_have<Req: crate::Wire, Resp: crate::Wire>() -> bool {
+        matches!(Req::TIER, crate::codec::Tier::Fast) || matches!(Resp::TIER, crate::codec::Tier::Fast)
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Fingerprints> {
+        let b: &[u8; 16] = b.try_into().ok()?;
+        let (req, rep) = b.split_at(8);
+        Some(Fingerprints {
+            request: u64::from_le_bytes(req.try_into().ok()?),
+            reply: u64::from_le_bytes(rep.try_into().ok()?),
+        })
+    }
 }
 
 /// A W3C `traceparent` (version 00): which trace a request belongs to, and the caller's span.
@@ -100,15 +142,15 @@ fn hex<const N: usize>(s: &str) -> Option<[u8; N]> {
 
 impl Extensions {
     /// No extensions.
-    pub const NONE: Extensions = Extensions { deadline_micros: None, trace_parent: None };
+    pub const NONE: Extensions = Extensions { deadline_micros: None, trace_parent: None, fingerprints: None };
 
     pub fn is_empty(&self) -> bool {
-        self.deadline_micros.is_none() && self.trace_parent.is_none()
+        self.deadline_micros.is_none() && self.trace_parent.is_none() && self.fingerprints.is_none()
     }
 
     /// Writes the block: its u16 length, then the entries.
     pub(crate) fn write(&self, b: &mut BytesMut) {
-        if let (Some(us), None) = (self.deadline_micros, &self.trace_parent) {
+        if let (Some(us), None, None) = (self.deadline_micros, &self.trace_parent, &self.fingerprints) {
             // The common block, a budget alone, in one append (inlined: see `encode`).
             let mut block = [6, 0, EXT_DEADLINE, 4, 0, 0, 0, 0];
             block[4..].copy_from_slice(&us.to_le_bytes());
@@ -124,6 +166,11 @@ impl Extensions {
         if let Some(tp) = &self.trace_parent {
             b.put_slice(&[EXT_TRACEPARENT, TRACEPARENT_LEN as u8]);
             tp.write(b);
+        }
+        if let Some(fp) = &self.fingerprints {
+            b.put_slice(&[EXT_FINGERPRINT, 16]);
+            b.put_u64_le(fp.request);
+            b.put_u64_le(fp.reply);
         }
         let len = (b.len() - at - 2) as u16;
         b[at..at + 2].copy_from_slice(&len.to_le_bytes());
@@ -141,6 +188,7 @@ impl Extensions {
             return Ok(Extensions {
                 deadline_micros: Some(u32::from_le_bytes([a, b, c, d])),
                 trace_parent: None,
+                fingerprints: None,
             });
         }
         Self::walk(block)
@@ -163,8 +211,12 @@ impl Extensions {
                     Err(_) => tracing::debug!(len, "ignoring a deadline extension of the wrong length"),
                 },
                 EXT_TRACEPARENT => match TraceParent::from_bytes(value) {
-                    Some(tp) => ext.trace_parent = Some(tp),
+                    Some(tp) => ext.trace_parent = Some(Box::new(tp)),
                     None => tracing::debug!(?value, "ignoring an invalid traceparent extension"),
+                },
+                EXT_FINGERPRINT => match Fingerprints::from_bytes(value) {
+                    Some(fp) => ext.fingerprints = Some(Box::new(fp)),
+                    None => tracing::debug!(len, "ignoring a fingerprint extension of the wrong length"),
                 },
                 _ => {}
             }
@@ -186,14 +238,15 @@ mod tests {
     /// §6.2.2: the block's u16 length, then DEADLINE, its length 4, the u32 budget).
     #[test]
     fn a_budget_alone_is_written_as_the_general_block() {
-        let ext = Extensions { deadline_micros: Some(0x0403_0201), trace_parent: None };
+        let ext = Extensions { deadline_micros: Some(0x0403_0201), ..Extensions::NONE };
         let mut b = BytesMut::new();
         ext.write(&mut b);
         assert_eq!(&b[..], &[6, 0, EXT_DEADLINE, 4, 1, 2, 3, 4]);
         assert_eq!(Extensions::parse(&b[2..]).unwrap(), ext);
         // Read at once, it is what the walk of the general block reads.
         assert_eq!(Extensions::walk(&b[2..]).unwrap(), ext);
-        let both = Extensions { deadline_micros: Some(7), trace_parent: Some(tp()) };
+        let both =
+            Extensions { deadline_micros: Some(7), trace_parent: Some(Box::new(tp())), ..Extensions::NONE };
         let mut b = BytesMut::new();
         both.write(&mut b);
         assert_eq!(usize::from(u16::from_le_bytes([b[0], b[1]])), b.len() - 2);
@@ -221,7 +274,11 @@ mod tests {
 
     #[test]
     fn blocks_round_trip_and_unknown_entries_are_skipped() {
-        let ext = Extensions { deadline_micros: Some(250_000), trace_parent: Some(tp()) };
+        let ext = Extensions {
+            deadline_micros: Some(250_000),
+            trace_parent: Some(Box::new(tp())),
+            ..Extensions::NONE
+        };
         let mut b = BytesMut::new();
         ext.write(&mut b);
         assert_eq!(u16::from_le_bytes([b[0], b[1]]) as usize, b.len() - 2);
@@ -231,7 +288,21 @@ mod tests {
         let mut block = vec![0x7f, 3, 1, 2, 3, EXT_DEADLINE, 2, 9, 9];
         block.extend_from_slice(&b[8..]);
         let parsed = Extensions::parse(&block).unwrap();
-        assert_eq!(parsed, Extensions { deadline_micros: None, trace_parent: Some(tp()) });
+        assert_eq!(parsed, Extensions { trace_parent: Some(Box::new(tp())), ..Extensions::NONE });
+    }
+
+    #[test]
+    fn fingerprints_round_trip_and_a_bad_length_is_ignored() {
+        let fp = Fingerprints { request: 0x0102_0304_0506_0708, reply: 9 };
+        let ext =
+            Extensions { deadline_micros: Some(5), fingerprints: Some(Box::new(fp)), ..Extensions::NONE };
+        let mut b = BytesMut::new();
+        ext.write(&mut b);
+        assert_eq!(&b[8..10], &[EXT_FINGERPRINT, 16]);
+        assert_eq!(&b[10..18], &[8, 7, 6, 5, 4, 3, 2, 1], "request fingerprint, little-endian");
+        assert_eq!(Extensions::parse(&b[2..]).unwrap(), ext);
+        let short = [EXT_FINGERPRINT, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+        assert_eq!(Extensions::parse(&short).unwrap(), Extensions::NONE);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub use code::Code;
 pub use decoder::{Decoder, decode_frame};
 pub use encode::FrameBuilder;
 pub use error::ProtocolError;
-pub use extensions::{Extensions, TraceParent};
+pub use extensions::{Extensions, Fingerprints, TraceParent};
 pub use limits::Limits;
 #[cfg(feature = "internals")]
 pub use message::Kind;

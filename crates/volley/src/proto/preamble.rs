@@ -3,7 +3,8 @@
 //! ```text
 //! offset 0..4  magic   "VLLY" (0x56 0x4c 0x4c 0x59)
 //! offset 4     version 1
-//! offset 5     features the sender understands (bit 0: request extensions, bit 1: streams)
+//! offset 5     features the sender understands (bit 0: request extensions, bit 1: streams,
+//!              bit 2: schema fingerprints)
 //! offset 6..8  reserved, sent as 0, ignored on receipt
 //! ```
 
@@ -18,9 +19,10 @@ pub const PREAMBLE_LEN: usize = 8;
 /// The preamble this implementation's clients send (they announce no feature).
 pub const PREAMBLE: [u8; PREAMBLE_LEN] = preamble(0);
 /// The preamble this implementation's servers send: they accept request extensions and
-/// streams.
-pub const SERVER_PREAMBLE: [u8; PREAMBLE_LEN] =
-    preamble(super::extensions::FEATURE_EXTENSIONS | FEATURE_STREAMS);
+/// streams, and check schema fingerprints.
+pub const SERVER_PREAMBLE: [u8; PREAMBLE_LEN] = preamble(
+    super::extensions::FEATURE_EXTENSIONS | FEATURE_STREAMS | super::extensions::FEATURE_FINGERPRINTS,
+);
 
 /// Preamble feature: the sender (a server) accepts streams (PROTOCOL.md §9.9).
 pub const FEATURE_STREAMS: u8 = 0x02;
@@ -49,7 +51,7 @@ mod tests {
     #[test]
     fn accepts_own_preamble_and_rejects_others() {
         assert_eq!(check(&PREAMBLE), Ok(0));
-        assert_eq!(check(&SERVER_PREAMBLE), Ok(3));
+        assert_eq!(check(&SERVER_PREAMBLE), Ok(7));
         assert_eq!(check(b"GET / HT"), Err(ProtocolError::BadMagic(*b"GET ")));
         let mut v2 = PREAMBLE;
         v2[4] = 2;

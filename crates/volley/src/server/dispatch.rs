@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
 use super::batch::poll_now;
+use super::fingerprint::Refused;
 use super::offload::offloaded;
 use super::peer::Peer;
 use super::replies::{Replies, expire};
@@ -84,6 +85,8 @@ pub(super) struct Dispatch {
     /// The streams this connection has open, for the client's credit and cancels; they end
     /// when the connection stops reading (this is dropped).
     streams: ConnStreams,
+    /// Methods whose caller's schema fingerprints differ from this server's.
+    refused: Refused,
 }
 
 /// The deadline a group of requests runs under: the latest of theirs, so that no request is
@@ -194,10 +197,16 @@ impl Dispatch {
         for msg in batch.drain(..) {
             match msg {
                 Message::Request { id, names, payload, ext, .. } => {
+                    if let Some(status) =
+                        self.refused.check(&c.shared.router, &names, ext.fingerprints.as_deref().copied())
+                    {
+                        out.error(id, status.code, &status.message);
+                        continue;
+                    }
                     let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) else {
                         continue;
                     };
-                    let span = trace::serve_span(&names, ext.trace_parent);
+                    let span = trace::serve_span(&names, ext.trace_parent.as_deref().copied());
                     let large = payload.len() >= c.shared.config.offload_min_bytes;
                     let same =
                         span.is_none() && self.key.as_ref().is_some_and(|(n, l)| *n == names && *l == large);
@@ -235,8 +244,14 @@ impl Dispatch {
                 Message::BatchRequest { id, names, items, ext, .. } => {
                     self.flush(c, out);
                     self.key = None;
+                    if let Some(status) =
+                        self.refused.check(&c.shared.router, &names, ext.fingerprints.as_deref().copied())
+                    {
+                        out.error(id, status.code, &status.message);
+                        continue;
+                    }
                     if let Some(deadline) = self.deadline_of(c, out, id, ext.deadline_micros) {
-                        let span = trace::serve_span(&names, ext.trace_parent);
+                        let span = trace::serve_span(&names, ext.trace_parent.as_deref().copied());
                         self.batch(c, out, id, &names, items, (deadline, span));
                     }
                 }

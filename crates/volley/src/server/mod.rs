@@ -17,6 +17,7 @@ mod config;
 mod conn;
 mod dispatch;
 mod drain;
+mod fingerprint;
 mod handler;
 mod health;
 mod host;
@@ -364,7 +365,8 @@ impl ServerBuilder {
         let h = Arc::new(h);
         let local: AnyMethod<Req, Resp> = h.clone();
         let metrics = Arc::new(MethodMetrics::new(m.service(), m.name()));
-        let route = Route { handler: h, local: Box::new(local), metrics, alone: false };
+        let fingerprints = crate::proto::Fingerprints::of::<Req, Resp>().unwrap_or_default();
+        let route = Route { handler: h, local: Box::new(local), metrics, alone: false, fingerprints };
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
         }

@@ -23,6 +23,9 @@ pub(crate) struct Route {
     /// Requests are served one by one, never joined with those that arrived with them
     /// ([`ServerBuilder::handle_each`](super::ServerBuilder::handle_each)).
     pub alone: bool,
+    /// The schema fingerprints of the method's request and reply types (0: none), which a
+    /// caller's must equal.
+    pub fingerprints: crate::proto::Fingerprints,
 }
 
 /// One registered stream method.

@@ -2,7 +2,7 @@
 //! message-framework report whose search-engine testbed `volley testbed` rebuilds), with
 //! Volley's codec tiers in place of the report's three columns: boost (serde_json and
 //! MessagePack stand in), Febird (bitcode) and memory (the plain-data tier, hand-written
-//! encodings and a bare memcpy).
+//! encodings and a bare memcpy), and protobuf (prost, `wire!(proto: …)`) beside them.
 //!
 //! - `string`: "izenesoft" encoded `--count` times, then decoded `--count` times (table 1).
 //! - `vec_i32`, `vec_quad`, `map_string_i32`, `map_i32_i32`: containers of `--elements`
@@ -35,7 +35,7 @@ use volley::codec::{Bitcode, BitcodeSerde, Json, MsgPack, PodVec};
 use volley::{ByteString, Wire};
 
 use crate::output::outln;
-use values::{IntIntMap, Quad, StrIntMap, value};
+use values::{IntIntMap, Quad, StrIntMap, pb, value};
 
 #[derive(Args, Debug, Clone)]
 pub struct CodecArgs {
@@ -284,6 +284,7 @@ impl Bench {
             Self::wire(case, "bitcode derive", Bitcode(S.to_string()), n, 1)?,
             Self::wire(case, "json", Json(S.to_string()), n, 1)?,
             Self::wire(case, "msgpack", MsgPack(S.to_string()), n, 1)?,
+            Self::wire(case, "protobuf", pb::Text { s: S.to_string() }, n, 1)?,
         ]);
         Ok(())
     }
@@ -308,7 +309,9 @@ impl Bench {
 
     fn vec_i32_case(&mut self) -> Result<(), String> {
         let v: Vec<i32> = (0..self.args.elements).map(value).collect();
-        let jobs = Self::pod_vec_jobs("vec_i32", v, self.reps())?;
+        let (e, n) = (v.len(), self.reps());
+        let mut jobs = Self::pod_vec_jobs("vec_i32", v.clone(), n)?;
+        jobs.push(Self::wire("vec_i32", "protobuf", pb::Ints { v }, n, e)?);
         self.measure(jobs);
         Ok(())
     }
@@ -317,7 +320,10 @@ impl Bench {
         let v: Vec<Quad> = (0..self.args.elements)
             .map(|i| Quad { a: value(i), b: value(i + 1), c: value(i + 2), d: value(i + 3) })
             .collect();
-        let jobs = Self::pod_vec_jobs("vec_quad", v, self.reps())?;
+        let (e, n) = (v.len(), self.reps());
+        let quads = v.iter().map(|q| pb::Quad { a: q.a, b: q.b, c: q.c, d: q.d }).collect();
+        let mut jobs = Self::pod_vec_jobs("vec_quad", v, n)?;
+        jobs.push(Self::wire("vec_quad", "protobuf", pb::Quads { v: quads }, n, e)?);
         self.measure(jobs);
         Ok(())
     }
@@ -346,14 +352,18 @@ impl Bench {
     fn map_string_case(&mut self) -> Result<(), String> {
         let m: HashMap<String, i32> =
             (0..self.args.elements).map(|i| (format!("term-{}", value(i)), i as i32)).collect();
-        let jobs = Self::map_jobs("map_string_i32", m.clone(), StrIntMap(m), self.reps())?;
+        let (e, n) = (m.len(), self.reps());
+        let mut jobs = Self::map_jobs("map_string_i32", m.clone(), StrIntMap(m.clone()), n)?;
+        jobs.push(Self::wire("map_string_i32", "protobuf", pb::StrInt { m }, n, e)?);
         self.measure(jobs);
         Ok(())
     }
 
     fn map_int_case(&mut self) -> Result<(), String> {
         let m: HashMap<i32, i32> = (0..self.args.elements).map(|i| (value(i), i as i32)).collect();
-        let jobs = Self::map_jobs("map_i32_i32", m.clone(), IntIntMap(m), self.reps())?;
+        let (e, n) = (m.len(), self.reps());
+        let mut jobs = Self::map_jobs("map_i32_i32", m.clone(), IntIntMap(m.clone()), n)?;
+        jobs.push(Self::wire("map_i32_i32", "protobuf", pb::IntInt { m }, n, e)?);
         self.measure(jobs);
         Ok(())
     }
@@ -399,6 +409,17 @@ fn print_summary(rows: &[Row]) {
                 "{case:<15} json / {fast:<14}: encode {:.1}x, decode {:.1}x slower",
                 j.encode_s / f.encode_s,
                 j.decode_s / f.decode_s
+            ));
+        }
+        // The protobuf tier beside the fast tier and JSON (time ratios: above 1, protobuf is
+        // slower).
+        let Some(p) = find(case, "protobuf") else { continue };
+        for other in ["bitcode derive", "json"] {
+            let Some(o) = find(case, other) else { continue };
+            lines.push(format!(
+                "{case:<15} protobuf / {other:<10}: encode {:.2}x, decode {:.2}x",
+                p.encode_s / o.encode_s,
+                p.decode_s / o.decode_s
             ));
         }
     }

@@ -99,3 +99,47 @@ impl Wire for IntIntMap {
 pub fn value(i: usize) -> i32 {
     (i as u64 * 2_654_435_761 % 1_000_000) as i32
 }
+
+/// The protobuf tier's messages for the same cases (`wire!(proto: …)`): the string as a
+/// one-field message, the containers as a repeated or map field.
+pub mod pb {
+    use std::collections::HashMap;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Text {
+        #[prost(string, tag = "1")]
+        pub s: String,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Ints {
+        #[prost(int32, repeated, tag = "1")]
+        pub v: Vec<i32>,
+    }
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Quad {
+        #[prost(int32, tag = "1")]
+        pub a: i32,
+        #[prost(int32, tag = "2")]
+        pub b: i32,
+        #[prost(int32, tag = "3")]
+        pub c: i32,
+        #[prost(int32, tag = "4")]
+        pub d: i32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Quads {
+        #[prost(message, repeated, tag = "1")]
+        pub v: Vec<Quad>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct StrInt {
+        #[prost(map = "string, int32", tag = "1")]
+        pub m: HashMap<String, i32>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct IntInt {
+        #[prost(map = "int32, int32", tag = "1")]
+        pub m: HashMap<i32, i32>,
+    }
+    volley::wire!(proto: Text, Ints, Quads, StrInt, IntInt);
+}
