@@ -23,12 +23,28 @@ pub trait Shapes {
     async fn sum(&self, items: RequestStream<Item>) -> Result<u64, Status>;
     /// Each of the client's items back, doubled, in order.
     async fn double(&self, items: RequestStream<Item>) -> Result<ItemStream<Item>, Status>;
+    /// `0..` without end, a tick every millisecond.
+    async fn ticks(&self) -> Result<ItemStream<Item>, Status>;
 }
 
 #[derive(Default)]
 struct Impl {
     /// Items the handlers took from the client.
     taken: AtomicU64,
+    /// Producers of `ticks` dropped (the stream ended, whatever the reason).
+    dropped: Arc<AtomicU64>,
+    /// Runs of `sum` that ended (whatever the reason), and those that answered a sum.
+    sums_ended: Arc<AtomicU64>,
+    sums_answered: AtomicU64,
+}
+
+/// Counts its own drop.
+struct OnDrop(Arc<AtomicU64>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Shapes for Arc<Impl> {
@@ -37,6 +53,7 @@ impl Shapes for Arc<Impl> {
     }
 
     async fn sum(&self, mut items: RequestStream<Item>) -> Result<u64, Status> {
+        let _ended = OnDrop(self.sums_ended.clone());
         let mut total = 0u64;
         while let Some(item) = items.next().await {
             let Item(v) = item?;
@@ -46,7 +63,21 @@ impl Shapes for Arc<Impl> {
             }
             total += v;
         }
+        self.sums_answered.fetch_add(1, Ordering::SeqCst);
         Ok(total)
+    }
+
+    async fn ticks(&self) -> Result<ItemStream<Item>, Status> {
+        let guard = OnDrop(self.dropped.clone());
+        Ok(futures_util::stream::iter(0..)
+            .then(move |i| {
+                let _keep = &guard;
+                async move {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    Ok(Item(i))
+                }
+            })
+            .boxed())
     }
 
     async fn double(&self, items: RequestStream<Item>) -> Result<ItemStream<Item>, Status> {
@@ -147,6 +178,81 @@ async fn errors_and_windows_hold_on_every_transport() {
     }
 }
 
+/// Waits for `cond`, checking every 5 ms, for up to 30 s; says whether it came true.
+async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cond()
+}
+
+/// A reader that drops its stream mid-way, and one whose stream outlives its timeout, stop
+/// the server's producer: on every transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_and_a_deadline_stop_the_producer_on_every_transport() {
+    for (addr, config) in transports("cancel") {
+        let imp = Arc::new(Impl::default());
+        let server = server(&imp);
+        let c = connect(&server, &addr, config).await;
+
+        let first: Vec<Item> = c.ticks().await.unwrap().take(10).map(Result::unwrap).collect().await;
+        assert_eq!(first, (0..10).map(Item).collect::<Vec<_>>(), "{addr}");
+        assert!(
+            eventually(|| imp.dropped.load(Ordering::SeqCst) == 1).await,
+            "{addr}: the cancel left the producer running"
+        );
+
+        let opts = StreamOptions::default().timeout(Duration::from_millis(300));
+        let mut s = c.ticks_with(opts).await.unwrap();
+        let mut items = 0;
+        let end = loop {
+            match s.next().await {
+                Some(Ok(_)) => items += 1,
+                other => break other,
+            }
+        };
+        assert!(
+            matches!(end, Some(Err(Error::Timeout(_)))),
+            "{addr}: the stream ended with {end:?} after {items} items"
+        );
+        assert!(
+            eventually(|| imp.dropped.load(Ordering::SeqCst) == 2).await,
+            "{addr}: the deadline left the producer running"
+        );
+        server.shutdown().await;
+    }
+}
+
+/// A client stream given up mid-way (the caller dropped it) is not taken for a whole one: its
+/// handler ends without answering a sum, on every transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_upload_is_not_taken_for_a_whole_one_on_every_transport() {
+    for (addr, config) in transports("dropped") {
+        let imp = Arc::new(Impl::default());
+        let server = server(&imp);
+        let c = connect(&server, &addr, config).await;
+        // Three items, then nothing more, ever: the caller gives up once the handler has them.
+        let items = futures_util::stream::iter((1..=3).map(Item)).chain(futures_util::stream::pending());
+        let mut upload = Box::pin(c.sum(items));
+        let taken = tokio::select! {
+            r = &mut upload => panic!("{addr}: the upload ended with {r:?}"),
+            taken = eventually(|| imp.taken.load(Ordering::SeqCst) == 3) => taken,
+        };
+        assert!(taken, "{addr}: the handler did not get the items");
+        drop(upload);
+        assert!(
+            eventually(|| imp.sums_ended.load(Ordering::SeqCst) == 1).await,
+            "{addr}: the handler ran on"
+        );
+        assert_eq!(imp.sums_answered.load(Ordering::SeqCst), 0, "{addr}: a dropped upload was summed");
+        server.shutdown().await;
+    }
+}
+
 #[cfg(feature = "tls")]
 mod tls {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
@@ -172,5 +278,59 @@ mod tls {
 
     pub fn client_config() -> ClientConfig {
         ClientConfig::default().tls(TlsClient::from_pem(&CERTS.0, None).unwrap())
+    }
+}
+
+/// Through the registry: a `ServiceClient` opens client and both-way streams on an instance
+/// (every item of one stream goes to that instance, which answers for all of them), and in
+/// relayed mode refuses them with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_client_opens_client_and_both_way_streams() {
+    use volley::ServiceClient;
+    use volley::controller::{Controller, ControllerConfig};
+    use volley::registry::Registry;
+    use volley::service_client::{Mode, ServiceConfig};
+    let controller = Controller::new(ControllerConfig::default().settle(Duration::ZERO));
+    let caddr = controller.listen("tcp://127.0.0.1:0").await.unwrap();
+    let registry = Registry::connect(&caddr.to_string()).await.unwrap();
+    let imps: Vec<Arc<Impl>> = (0..2).map(|_| Arc::default()).collect();
+    let mut servers = Vec::new();
+    for imp in &imps {
+        let server = Server::builder().serve(ShapesServer::new(imp.clone())).build();
+        server.listen_and_register("tcp://127.0.0.1:0", &registry).await.unwrap();
+        servers.push(server);
+    }
+    let c = ShapesClient::new(ServiceClient::with_registry(registry.clone(), ServiceConfig::default()));
+    for round in 1..=6u64 {
+        let before: Vec<u64> = imps.iter().map(|i| i.taken.load(Ordering::SeqCst)).collect();
+        assert_eq!(c.sum(futures_util::stream::iter((0..100).map(Item))).await.unwrap(), 4950);
+        let back: Vec<Item> = c
+            .double(futures_util::stream::iter((0..100).map(Item)))
+            .await
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        assert_eq!(back, (0..100).map(|i| Item(i * 2)).collect::<Vec<_>>(), "round {round}");
+        // Each stream's 100 items went to one instance.
+        let grew: Vec<u64> =
+            imps.iter().zip(&before).map(|(i, b)| i.taken.load(Ordering::SeqCst) - b).collect();
+        assert!(
+            grew.iter().all(|g| g % 100 == 0) && grew.iter().sum::<u64>() == 200,
+            "round {round}: {grew:?}"
+        );
+    }
+    assert!(imps.iter().all(|i| i.taken.load(Ordering::SeqCst) > 0), "the opens were balanced over both");
+
+    let relayed = ShapesClient::new(ServiceClient::with_registry(
+        registry,
+        ServiceConfig::default().mode(Mode::Relayed),
+    ));
+    let r = relayed.sum(futures_util::stream::iter([Item(1)])).await;
+    assert!(matches!(&r, Err(Error::Usage(m)) if m.contains("relay")), "{r:?}");
+    let r = relayed.double(futures_util::stream::iter([Item(1)])).await;
+    assert!(matches!(&r, Err(Error::Usage(m)) if m.contains("relay")), "{r:?}");
+    for s in servers {
+        s.shutdown().await;
     }
 }

@@ -8,6 +8,7 @@
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use crate::method::{BidiStreamMethod, ClientStreamMethod, StreamMethod};
 use crate::proto::message::shape;
 use crate::trace;
 use crate::transport::inproc::{
-    LocalBidiStream, LocalClientStream, LocalItems, LocalServer, LocalServerStream,
+    LocalBidiStream, LocalClientStream, LocalInput, LocalItems, LocalServer, LocalServerStream,
 };
 
 /// Default window of a stream: items the server may send ahead of the caller.
@@ -286,8 +287,8 @@ enum Sink<T> {
     /// A server over a connection, under the credit it grants.
     Peer { conn: Arc<StreamConn>, _client: Client, id: u64, credit: Arc<Semaphore> },
     /// A handler of this process, through a channel whose capacity is its credit (`None`
-    /// once finished).
-    Local(Option<mpsc::Sender<T>>),
+    /// once ended), and the flag that tells its end from a cancel.
+    Local(Option<mpsc::Sender<T>>, Arc<AtomicBool>),
 }
 
 impl<T: Wire> StreamSender<T> {
@@ -307,7 +308,7 @@ impl<T: Wire> StreamSender<T> {
                 credit.acquire().await.map_err(|_| ended())?.forget();
                 conn.send_item(*id, &item)
             }
-            Sink::Local(tx) => match tx {
+            Sink::Local(tx, _) => match tx {
                 Some(tx) => tx.send(item).await.map_err(|_| ended()),
                 None => Err(ended()),
             },
@@ -323,14 +324,21 @@ impl<T: Wire> StreamSender<T> {
 }
 
 impl<T> StreamSender<T> {
-    fn local(tx: mpsc::Sender<T>) -> Self {
-        StreamSender { to: Sink::Local(Some(tx)), finished: false }
+    /// A sender to a handler of this process, and the items it reads.
+    fn local() -> (Self, LocalInput<T>) {
+        let (tx, items) = mpsc::channel(LOCAL_CREDIT);
+        let finished = Arc::new(AtomicBool::new(false));
+        let sender = StreamSender { to: Sink::Local(Some(tx), finished.clone()), finished: false };
+        (sender, LocalInput { items, finished })
     }
 
     fn end(&mut self) {
         match &mut self.to {
             Sink::Peer { conn, id, .. } => conn.end_items(*id),
-            Sink::Local(tx) => *tx = None,
+            Sink::Local(tx, finished) => {
+                finished.store(true, Ordering::Release);
+                *tx = None;
+            }
         }
     }
 
@@ -339,14 +347,14 @@ impl<T> StreamSender<T> {
         self.finished = true;
         match &mut self.to {
             Sink::Peer { conn, id, .. } => conn.cancel_stream(*id),
-            Sink::Local(tx) => *tx = None,
+            Sink::Local(tx, _) => *tx = None,
         }
     }
 
     fn id(&self) -> Option<u64> {
         match &self.to {
             Sink::Peer { id, .. } => Some(*id),
-            Sink::Local(_) => None,
+            Sink::Local(..) => None,
         }
     }
 }
@@ -554,10 +562,10 @@ impl Client {
             Conn::Local(local) => {
                 let open =
                     local_face::<LocalClientStream<Req, Resp>>(&*local.server, (m.service(), m.name()))?;
-                let (tx, rx) = mpsc::channel(LOCAL_CREDIT);
+                let (sender, input) = StreamSender::local();
                 // The handler runs beside the sender: it takes the items as they come.
-                let task = tokio::spawn(open(rx));
-                return Ok(Upload::with_reply(StreamSender::local(tx), Reply::Local(task), timeout, false));
+                let task = tokio::spawn(open(input));
+                return Ok(Upload::with_reply(sender, Reply::Local(task), timeout, false));
             }
         };
         let names = ((m.service(), m.name()), shape::CLIENT);
@@ -580,9 +588,9 @@ impl Client {
             Conn::Stream(c) => c,
             Conn::Local(local) => {
                 let open = local_face::<LocalBidiStream<Req, Resp>>(&*local.server, (m.service(), m.name()))?;
-                let (tx, rx) = mpsc::channel(LOCAL_CREDIT);
-                let items = Streaming::local(open(rx), &*local.server, self.clone(), timeout);
-                return Ok((StreamSender::local(tx), items));
+                let (sender, input) = StreamSender::local();
+                let items = Streaming::local(open(input), &*local.server, self.clone(), timeout);
+                return Ok((sender, items));
             }
         };
         let window = opts.window.max(2);

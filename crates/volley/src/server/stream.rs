@@ -25,7 +25,9 @@ use crate::metrics::StreamCounts;
 use crate::proto::Code;
 use crate::proto::encode::BuildError;
 use crate::proto::message::shape;
-use crate::transport::inproc::{LocalBidiStream, LocalClientStream, LocalItems, LocalServerStream};
+use crate::transport::inproc::{
+    LocalBidiStream, LocalClientStream, LocalInput, LocalItems, LocalServerStream,
+};
 use crate::transport::outbox::Outbox;
 
 /// Most items encoded into one bundle before it is handed to the writer: enough to amortize
@@ -126,8 +128,8 @@ impl<Req: Wire, Resp: Wire> ClientStreamHandler<Req, Resp> {
     {
         let f: Arc<InFn<Req, Resp>> = Arc::new(move |input| -> BoxFuture<'static, _> { Box::pin(f(input)) });
         let g = f.clone();
-        let local: LocalClientStream<Req, Resp> = Arc::new(move |rx| {
-            let reply = AssertUnwindSafe(g(Incoming::local(rx))).catch_unwind();
+        let local: LocalClientStream<Req, Resp> = Arc::new(move |input| {
+            let reply = AssertUnwindSafe(g(Incoming::local(input))).catch_unwind();
             Box::pin(reply.map(|r| r.unwrap_or_else(|_| Err(panicked()))))
         });
         ClientStreamHandler { f, local: Box::new(local) }
@@ -176,7 +178,7 @@ impl<Req: Wire, Item: Wire> BidiStreamHandler<Req, Item> {
         };
         let f: Arc<InFn<Req, BoxStream<'static, Result<Item, Status>>>> = Arc::new(f);
         let g = f.clone();
-        let local: LocalBidiStream<Req, Item> = Arc::new(move |rx| local_items(g(Incoming::local(rx))));
+        let local: LocalBidiStream<Req, Item> = Arc::new(move |input| local_items(g(Incoming::local(input))));
         BidiStreamHandler { f, local: Box::new(local) }
     }
 }
@@ -225,13 +227,13 @@ enum From<T> {
     Peer { rx: mpsc::UnboundedReceiver<Option<Bytes>>, outbox: Arc<Outbox>, id: u64, taken: u32 },
     /// A client of this process: the values themselves, through a channel whose capacity is
     /// the client's credit.
-    Local(mpsc::Receiver<T>),
+    Local(LocalInput<T>),
 }
 
 impl<T> Incoming<T> {
     /// The items of an inproc client.
-    pub(crate) fn local(rx: mpsc::Receiver<T>) -> Self {
-        Incoming { from: From::Local(rx), done: false }
+    pub(crate) fn local(input: LocalInput<T>) -> Self {
+        Incoming { from: From::Local(input), done: false }
     }
 }
 
@@ -249,12 +251,19 @@ impl<T: Wire> Stream for Incoming<T> {
         }
         let (rx, outbox, id, taken) = match &mut this.from {
             From::Peer { rx, outbox, id, taken } => (rx, outbox, *id, taken),
-            From::Local(rx) => {
-                return match rx.poll_recv(cx) {
+            From::Local(input) => {
+                return match input.items.poll_recv(cx) {
                     Poll::Ready(Some(item)) => Poll::Ready(Some(Ok(item))),
                     Poll::Ready(None) => {
                         this.done = true;
-                        Poll::Ready(None)
+                        if input.finished.load(Ordering::Acquire) {
+                            Poll::Ready(None)
+                        } else {
+                            Poll::Ready(Some(Err(Status::new(
+                                Code::Cancelled,
+                                "the client gave the stream up",
+                            ))))
+                        }
                     }
                     Poll::Pending => Poll::Pending,
                 };

@@ -53,13 +53,19 @@ pub(crate) type AnyMethod<Req, Resp> = Arc<dyn LocalMethod<Req, Resp>>;
 pub(crate) type LocalItems<Item> = futures_util::stream::BoxStream<'static, Result<Item, Status>>;
 /// A local server stream method, as a caller downcasts it: the request in, the items out.
 pub(crate) type LocalServerStream<Req, Item> = Arc<dyn Fn(Req) -> LocalItems<Item> + Send + Sync>;
-/// A local client stream method: the caller's items through a channel (whose capacity is the
-/// credit the handler grants), the reply out.
+/// A local client stream method: the caller's items in, the reply out.
 pub(crate) type LocalClientStream<Req, Resp> =
-    Arc<dyn Fn(tokio::sync::mpsc::Receiver<Req>) -> BoxFuture<'static, Result<Resp, Status>> + Send + Sync>;
-/// A local both-way stream method: the caller's items through a channel, the handler's out.
-pub(crate) type LocalBidiStream<Req, Item> =
-    Arc<dyn Fn(tokio::sync::mpsc::Receiver<Req>) -> LocalItems<Item> + Send + Sync>;
+    Arc<dyn Fn(LocalInput<Req>) -> BoxFuture<'static, Result<Resp, Status>> + Send + Sync>;
+/// A local both-way stream method: the caller's items in, the handler's out.
+pub(crate) type LocalBidiStream<Req, Item> = Arc<dyn Fn(LocalInput<Req>) -> LocalItems<Item> + Send + Sync>;
+
+/// A local caller's items: a channel whose capacity is the credit the handler grants, and
+/// whether the caller finished them when the channel closed (if not, it gave the stream up:
+/// the handler must not take a cancelled upload for a whole one).
+pub(crate) struct LocalInput<Req> {
+    pub items: tokio::sync::mpsc::Receiver<Req>,
+    pub finished: Arc<std::sync::atomic::AtomicBool>,
+}
 
 /// A server bound to an inproc name.
 pub(crate) trait LocalServer: Send + Sync {
