@@ -82,6 +82,12 @@ fn recording_server(
             Ok(b)
         }),
     };
+    // The conformance runner's stream cases open `echo`/`repeat` (PROTOCOL.md §19).
+    let builder = if service == ECHO.service() {
+        volley_conformance::server_streams::serve_repeat(builder)
+    } else {
+        builder
+    };
     configure(builder).build()
 }
 

@@ -2,7 +2,8 @@
 //! (their README says what each file holds) and the runners that play them over a socket
 //! against any implementation, which `volley conformance server|client ADDR` runs:
 //!
-//! - [`server_side::play`] connects to a server under test and plays the `echo_server` cases;
+//! - [`server_side::play`] connects to a server under test and plays the `echo_server` cases,
+//!   then (against a server that announced `STREAMS`) the stream cases of [`server_streams`];
 //! - [`client_side::serve`] listens, and plays the server's side of the `client` cases
 //!   against a client under test, whose driver asks it for each call to make and reports
 //!   what the call ended with;
@@ -18,6 +19,7 @@ pub mod going_away;
 pub mod interop;
 pub mod json;
 pub mod server_side;
+pub mod server_streams;
 mod stream;
 
 use serde_json::Value;

@@ -8,6 +8,9 @@
 //! none) it expects. Error and GoAway texts are informative (§6.4, §4.3, §10): only codes are
 //! compared.
 //!
+//! Then the stream cases of [`server_streams`](crate::server_streams), against a server that
+//! announced `STREAMS`.
+//!
 //! Last, when the runner has a way to make the server stop ([`Stop`]), one more case: a
 //! graceful stop with a connection open must end it with `GoAway(ShuttingDown)` (§9.6.2).
 
@@ -53,6 +56,7 @@ pub async fn play_and_stop(addr: &str, per_case: Duration, stop: Option<Stop>) -
                 .push((name, Err(format!("the server did not answer and close within {per_case:?}")))),
         }
     }
+    crate::server_streams::play(addr, per_case, &mut report).await;
     match stop {
         Some(stop) => {
             let result = match tokio::time::timeout(per_case, graceful_stop(addr, stop)).await {

@@ -10,12 +10,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use volley::proto::extensions::FEATURE_EXTENSIONS;
+use volley::proto::preamble::FEATURE_STREAMS;
 use volley::proto::{
     Code, Decoder, Extensions, FrameBuilder, Limits, Message, PREAMBLE, PREAMBLE_LEN, decode_frame,
 };
 use volley::{Client, Method};
 use volley_conformance::client_side::{CONTROL, ClientSide};
 use volley_conformance::server_side::{self, GRACEFUL_STOP, Stop};
+use volley_conformance::server_streams::{self, CANCEL_CASE, CREDIT_CASE, EMPTY_CASE, SHAPE_CASE};
 use volley_conformance::{Report, driver, wire};
 
 // Generous: a shared 2-core machine can stall a task for seconds.
@@ -40,7 +42,26 @@ struct Faults {
     no_frame_limit: bool,
     /// Refuses requests with reserved flag bits set.
     strict_flags: bool,
+    /// Announces no STREAMS (and takes no stream message).
+    no_streams: bool,
+    /// Sends a stream's items whether or not it holds credit for them.
+    ignores_credit: bool,
+    /// Keeps a stream going after its Cancel.
+    ignores_cancel: bool,
+    /// Sends one item before the end of a stream of none (an off-by-one).
+    empty_sends_an_item: bool,
+    /// Takes a StreamOpen of a single-call method (and ends it at once).
+    streams_any_method: bool,
 }
+
+/// An open `echo`/`repeat` stream: items still to send, their body, the credit held.
+struct Repeat {
+    left: u32,
+    body: Bytes,
+    credit: u64,
+}
+
+type Streams = std::collections::HashMap<u64, Repeat>;
 
 /// Starts the echo server; returns its address and the switch that stops it gracefully.
 async fn echo_server(faults: Faults) -> (String, watch::Sender<bool>) {
@@ -59,6 +80,10 @@ async fn echo_server(faults: Faults) -> (String, watch::Sender<bool>) {
 async fn connection(mut s: TcpStream, faults: Faults, mut stopped: watch::Receiver<bool>) {
     let mut preamble = PREAMBLE;
     preamble[5] = if faults.no_extensions { 0 } else { FEATURE_EXTENSIONS };
+    if !faults.no_streams {
+        preamble[5] |= FEATURE_STREAMS;
+    }
+    let mut streams = Streams::new();
     if s.write_all(&preamble).await.is_err() {
         return;
     }
@@ -74,7 +99,8 @@ async fn connection(mut s: TcpStream, faults: Faults, mut stopped: watch::Receiv
         buf.advance(n);
         skip -= n;
         let mut fb = FrameBuilder::new(Limits::default());
-        let verdict = serve_buffered(&mut decoder, &mut buf, &limits, faults, &mut fb);
+        let verdict = serve_buffered(&mut decoder, &mut buf, &limits, faults, &mut fb, &mut streams);
+        pump(&mut streams, faults, &mut fb);
         let mut out = Vec::new();
         fb.take_into(&mut out);
         if s.write_all(&out.concat()).await.is_err() {
@@ -109,6 +135,7 @@ fn serve_buffered(
     limits: &Limits,
     faults: Faults,
     fb: &mut FrameBuilder,
+    streams: &mut Streams,
 ) -> Result<(), String> {
     if decoder.expects_preamble() {
         if faults.strict_preamble_bytes && buf.len() >= PREAMBLE_LEN && buf[5..8] != [0, 0, 0] {
@@ -130,13 +157,13 @@ fn serve_buffered(
             return Err(e.to_string());
         }
         for m in messages {
-            answer(m, faults, fb)?;
+            answer(m, faults, fb, streams)?;
         }
     }
     Ok(())
 }
 
-fn answer(m: Message, faults: Faults, fb: &mut FrameBuilder) -> Result<(), String> {
+fn answer(m: Message, faults: Faults, fb: &mut FrameBuilder, streams: &mut Streams) -> Result<(), String> {
     let put = |p: &[u8], b: &mut BytesMut| {
         b.extend_from_slice(p);
         Ok::<(), std::convert::Infallible>(())
@@ -167,12 +194,67 @@ fn answer(m: Message, faults: Faults, fb: &mut FrameBuilder) -> Result<(), Strin
             Some((code, text)) => fb.error(id, code, text),
         },
         Message::Ping { token } => fb.pong(token),
+        Message::StreamOpen { .. } | Message::StreamCredit { .. } if faults.no_streams => {
+            return Err("streams were not announced".into());
+        }
+        Message::StreamOpen { id, shape, credit, names, payload, .. } => {
+            match (names.service(), names.method(), shape) {
+                ("echo", "repeat", 1) if payload.len() >= 4 => {
+                    let left = u32::from_le_bytes(payload[..4].try_into().unwrap());
+                    let body = payload.slice(4..);
+                    if left == 0 && faults.empty_sends_an_item {
+                        fb.stream_item(id, |b| put(&body, b)).unwrap();
+                    }
+                    streams.insert(id, Repeat { left, body, credit: credit.into() });
+                }
+                ("echo", "repeat", _) => {
+                    fb.error(id, Code::BadRequest, "repeat is a server stream of a count and a body")
+                }
+                ("echo", "echo", _) if faults.streams_any_method => fb.stream_end(id),
+                ("echo", "echo", _) => fb.error(id, Code::BadRequest, "echo is a single call"),
+                (service, method, _) => {
+                    let (code, text) =
+                        unknown(service, method).unwrap_or((Code::UnknownMethod, "no such stream"));
+                    fb.error(id, code, text)
+                }
+            }
+        }
+        Message::StreamCredit { id, credit } => {
+            if let Some(r) = streams.get_mut(&id) {
+                r.credit += u64::from(credit);
+            }
+        }
+        Message::Cancel { id } if !faults.ignores_cancel => {
+            streams.remove(&id);
+        }
         Message::Reply { .. } | Message::Error { .. } | Message::BatchReply { .. } => {
             return Err("replies go the other way".into());
         }
         _ => {}
     }
     Ok(())
+}
+
+/// Sends the items each stream has credit for (all it has, for a server that ignores credit,
+/// a hundred more at a time), and the end of those that sent their last.
+fn pump(streams: &mut Streams, faults: Faults, fb: &mut FrameBuilder) {
+    streams.retain(|&id, r| {
+        let mut room = if faults.ignores_credit { r.credit + 100 } else { r.credit };
+        while r.left > 0 && room > 0 {
+            fb.stream_item(id, |b| {
+                b.extend_from_slice(&r.body);
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .unwrap();
+            r.left -= 1;
+            room -= 1;
+            r.credit = r.credit.saturating_sub(1);
+        }
+        if r.left == 0 {
+            fb.stream_end(id);
+        }
+        r.left > 0
+    });
 }
 
 fn unknown(service: &str, method: &str) -> Option<(Code, &'static str)> {
@@ -216,7 +298,10 @@ fn failures(report: &Report) -> Vec<&str> {
 async fn a_correct_echo_server_with_its_own_texts_passes_every_server_case() {
     let report = play(Faults::default()).await;
     assert!(report.passed() && report.not_played.is_empty(), "{}", report.render());
-    assert_eq!(report.cases.len(), wire()["echo_server"].as_array().unwrap().len() + 1);
+    assert_eq!(
+        report.cases.len(),
+        wire()["echo_server"].as_array().unwrap().len() + server_streams::CASES.len() + 1
+    );
 }
 
 #[tokio::test]
@@ -285,8 +370,41 @@ async fn a_server_without_extensions_is_sent_none_and_passes() {
 }
 
 #[tokio::test]
+async fn a_server_that_ignores_stream_credit_fails_the_credit_and_cancel_cases() {
+    let report = play(Faults { ignores_credit: true, ..Faults::default() }).await;
+    assert_eq!(failures(&report), [CREDIT_CASE, CANCEL_CASE], "{}", report.render());
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_a_cancel_fails_the_cancel_case() {
+    let report = play(Faults { ignores_cancel: true, ..Faults::default() }).await;
+    assert_eq!(failures(&report), [CANCEL_CASE], "{}", report.render());
+}
+
+#[tokio::test]
+async fn a_server_that_sends_an_item_on_an_empty_stream_fails_the_empty_case() {
+    let report = play(Faults { empty_sends_an_item: true, ..Faults::default() }).await;
+    assert_eq!(failures(&report), [EMPTY_CASE], "{}", report.render());
+}
+
+#[tokio::test]
+async fn a_server_that_opens_a_stream_of_a_single_call_method_fails_the_shape_case() {
+    let report = play(Faults { streams_any_method: true, ..Faults::default() }).await;
+    assert_eq!(failures(&report), [SHAPE_CASE], "{}", report.render());
+}
+
+/// Streams are optional: a server that does not announce them is sent none, and passes.
+#[tokio::test]
+async fn a_server_without_streams_is_sent_none_and_passes() {
+    let report = play(Faults { no_streams: true, ..Faults::default() }).await;
+    assert!(report.passed(), "{}", report.render());
+    let not_played: Vec<&str> = report.not_played.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(not_played, server_streams::CASES, "{}", report.render());
+}
+
+#[tokio::test]
 async fn the_runner_stops_the_rust_server_and_sees_its_goaway() {
-    let server = volley::Server::builder().handle_fn(&ECHO, Ok).build();
+    let server = server_streams::serve_repeat(volley::Server::builder().handle_fn(&ECHO, Ok)).build();
     let addr = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
     let stop: Stop = Box::new(move || {
         Box::pin(async move {

@@ -27,7 +27,12 @@ fn methods(def: &ServiceDef) -> TokenStream {
     let consts = def.methods.iter().map(|m| {
         let (c, req, resp, wire) = (&m.const_ident, &m.req, &m.resp, &m.wire_name);
         let doc = format!("`{service}/{wire}`: [`{trait_ident}::{}`].", m.ident);
-        let ty = if m.kind == Kind::Stream { quote!(StreamMethod) } else { quote!(Method) };
+        let ty = match m.kind {
+            Kind::Stream => quote!(StreamMethod),
+            Kind::ClientStream => quote!(ClientStreamMethod),
+            Kind::BidiStream => quote!(BidiStreamMethod),
+            Kind::Async | Kind::Batch | Kind::Sync => quote!(Method),
+        };
         quote! {
             #[doc = #doc]
             pub const #c: ::volley::#ty<#req, #resp> = ::volley::#ty::new(#service, #wire);
@@ -108,7 +113,7 @@ fn client(def: &ServiceDef) -> TokenStream {
 /// The client's methods for one service method: `m`, `m_with`, `m_batch`, `m_batch_with`,
 /// `m_stream`, `m_keyed`, `m_scatter`.
 fn client_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStream {
-    if m.kind == Kind::Stream {
+    if m.kind.is_stream() {
         return stream_methods(def, m, t);
     }
     let (req, resp) = (&m.req, &m.resp);
@@ -198,8 +203,10 @@ fn client_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStrea
     }
 }
 
-/// The client's methods for a stream method `m`: `m(req)` and `m_with(req, StreamOptions)`,
-/// each opening the stream and returning a `volley::Streaming` of its items.
+/// The client's methods for a stream method `m`: `m(..)` and `m_with(.., StreamOptions)`.
+/// A server stream takes the request and returns a `volley::Streaming` of the items; a client
+/// stream takes a `Stream` of requests and returns the one reply; a both-way stream takes a
+/// `Stream` of requests and returns a `volley::Streaming` of the server's items.
 fn stream_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStream {
     let (req, item) = (&m.req, &m.resp);
     let (_, ty_generics, _) = def.item.generics.split_for_impl();
@@ -208,24 +215,89 @@ fn stream_methods(def: &ServiceDef, m: &MethodDef, t: &syn::Ident) -> TokenStrea
     let desc = quote!(&<#methods_ident #ty_generics>::#c);
     let name = &m.ident;
     let with = format_ident!("{name}_with");
-    let (arg, val) = if m.has_arg { (quote!(req: #req,), quote!(req)) } else { (quote!(), quote!(())) };
-    let caller = quote!(::volley::service::StreamCaller<#req, #item>);
     let wire = format!("`{}/{}`", def.name, m.wire_name);
-    let d_open =
-        format!("Opens the server stream {wire}: its items as they come (dropping it cancels the stream).");
-    let d_with = format!(
-        "Opens the server stream {wire} with options (a timeout over the whole stream, the credit window)."
-    );
-    quote! {
-        #[doc = #d_open]
-        pub async fn #name(&self, #arg) -> ::volley::Result<::volley::Streaming<#item>> where #t: #caller {
-            <#t as #caller>::open(&self.inner, #desc, #val, ::core::default::Default::default()).await
-        }
+    let default = quote!(::core::default::Default::default());
+    match m.kind {
+        Kind::ClientStream => {
+            let caller = quote!(::volley::service::ClientStreamCaller<#req, #item>);
+            let d_open = format!(
+                "Opens the client stream {wire}, sends every item of `items` (as the server grants \
+                 room) and returns the server's one reply."
+            );
+            let d_with = format!(
+                "Sends `items` through the client stream {wire}, with options (a timeout over the whole stream)."
+            );
+            quote! {
+                #[doc = #d_open]
+                pub async fn #name(
+                    &self,
+                    items: impl ::volley::service::Stream<Item = #req> + ::core::marker::Send,
+                ) -> ::volley::Result<#item> where #t: #caller {
+                    self.#with(items, #default).await
+                }
 
-        #[doc = #d_with]
-        pub async fn #with(&self, #arg opts: ::volley::StreamOptions) -> ::volley::Result<::volley::Streaming<#item>>
-        where #t: #caller {
-            <#t as #caller>::open(&self.inner, #desc, #val, opts).await
+                #[doc = #d_with]
+                pub async fn #with(
+                    &self,
+                    items: impl ::volley::service::Stream<Item = #req> + ::core::marker::Send,
+                    opts: ::volley::StreamOptions,
+                ) -> ::volley::Result<#item> where #t: #caller {
+                    <#t as #caller>::open_client(&self.inner, #desc, opts).await?.send_all(items).await
+                }
+            }
+        }
+        Kind::BidiStream => {
+            let caller = quote!(::volley::service::BidiStreamCaller<#req, #item>);
+            let d_open = format!(
+                "Opens the both-way stream {wire}: `items` are sent as the server grants room, \
+                 and the server's items come back as they come (dropping the `Streaming` cancels \
+                 the stream)."
+            );
+            let d_with = format!(
+                "Opens the both-way stream {wire} with options (a timeout over the whole stream, the credit window)."
+            );
+            quote! {
+                #[doc = #d_open]
+                pub async fn #name(
+                    &self,
+                    items: impl ::volley::service::Stream<Item = #req> + ::core::marker::Send + 'static,
+                ) -> ::volley::Result<::volley::Streaming<#item>> where #t: #caller {
+                    self.#with(items, #default).await
+                }
+
+                #[doc = #d_with]
+                pub async fn #with(
+                    &self,
+                    items: impl ::volley::service::Stream<Item = #req> + ::core::marker::Send + 'static,
+                    opts: ::volley::StreamOptions,
+                ) -> ::volley::Result<::volley::Streaming<#item>> where #t: #caller {
+                    let (sender, streaming) = <#t as #caller>::open_bidi(&self.inner, #desc, opts).await?;
+                    ::core::result::Result::Ok(streaming.fed_by(sender, items))
+                }
+            }
+        }
+        _ => {
+            let (arg, val) =
+                if m.has_arg { (quote!(req: #req,), quote!(req)) } else { (quote!(), quote!(())) };
+            let caller = quote!(::volley::service::StreamCaller<#req, #item>);
+            let d_open = format!(
+                "Opens the server stream {wire}: its items as they come (dropping it cancels the stream)."
+            );
+            let d_with = format!(
+                "Opens the server stream {wire} with options (a timeout over the whole stream, the credit window)."
+            );
+            quote! {
+                #[doc = #d_open]
+                pub async fn #name(&self, #arg) -> ::volley::Result<::volley::Streaming<#item>> where #t: #caller {
+                    <#t as #caller>::open(&self.inner, #desc, #val, #default).await
+                }
+
+                #[doc = #d_with]
+                pub async fn #with(&self, #arg opts: ::volley::StreamOptions) -> ::volley::Result<::volley::Streaming<#item>>
+                where #t: #caller {
+                    <#t as #caller>::open(&self.inner, #desc, #val, opts).await
+                }
+            }
         }
     }
 }

@@ -26,6 +26,19 @@ pub enum Kind {
     /// `async fn` returning `Result<ItemStream<Item>, Status>`: a server stream, one request
     /// and a sequence of items (`ServerBuilder::handle_stream`).
     Stream,
+    /// `async fn` taking a `RequestStream<Req>`: a client stream, a sequence of requests and
+    /// one reply (`ServerBuilder::handle_client_stream`).
+    ClientStream,
+    /// `async fn` taking a `RequestStream<Req>` and returning `Result<ItemStream<Item>, Status>`:
+    /// both ways at once (`ServerBuilder::handle_bidi_stream`).
+    BidiStream,
+}
+
+impl Kind {
+    /// Whether the method is one of the stream shapes (its client opens a stream).
+    pub fn is_stream(self) -> bool {
+        matches!(self, Kind::Stream | Kind::ClientStream | Kind::BidiStream)
+    }
 }
 
 /// One method of the service.
@@ -36,7 +49,8 @@ pub struct MethodDef {
     /// The descriptor's name in `XMethods`: `SEARCH` for `search`.
     pub const_ident: Ident,
     pub kind: Kind,
-    /// The request type of one call (for a batch method, the item type of its `Vec`).
+    /// The request type of one call (for a batch method, the item type of its `Vec`; for a
+    /// client or both-way stream, the type of the client's items).
     pub req: Type,
     /// The reply type of one call (the `Ok` type); for a stream, the type of its items.
     pub resp: Type,
@@ -262,26 +276,40 @@ fn method(f: &TraitItemFn) -> syn::Result<MethodDef> {
         return Err(syn::Error::new_spanned(v, "service methods cannot be variadic"));
     }
     let arg = request_arg(sig)?;
+    // `RequestStream<Req>` (or `Incoming<Req>`, the type it names): the client's items.
+    let streamed = arg.and_then(|a| {
+        generic_args(a, "RequestStream", 1)
+            .or_else(|| generic_args(a, "Incoming", 1))
+            .map(|mut t| t.swap_remove(0))
+    });
     let wire_name = unraw(name);
     check_name(&wire_name, name.span(), "method")?;
     let const_ident = Ident::new(&wire_name.to_shouty_snake_case(), name.span());
     let (req, resp) = match kind {
         Kind::Batch => batch_types(name, arg, &sig.output)?,
-        Kind::Async | Kind::Sync | Kind::Stream => {
-            let req = arg.cloned().unwrap_or_else(|| syn::parse_quote!(()));
+        _ => {
+            let req = streamed.clone().or_else(|| arg.cloned()).unwrap_or_else(|| syn::parse_quote!(()));
             (req, result_ok_type(name, &sig.output)?)
         }
     };
     // `Result<ItemStream<Item>, Status>`: a server stream of `Item`s.
-    let (kind, resp) = match (kind, generic_args(&resp, "ItemStream", 1)) {
-        (Kind::Async, Some(mut item)) => (Kind::Stream, item.swap_remove(0)),
-        (Kind::Sync, Some(_)) => {
+    let (kind, resp) = match (kind, generic_args(&resp, "ItemStream", 1), streamed.is_some()) {
+        (Kind::Async, Some(mut item), false) => (Kind::Stream, item.swap_remove(0)),
+        (Kind::Async, Some(mut item), true) => (Kind::BidiStream, item.swap_remove(0)),
+        (Kind::Async, None, true) => (Kind::ClientStream, resp),
+        (Kind::Sync, _, true) => {
+            return Err(syn::Error::new_spanned(
+                arg,
+                format!("stream method `{name}` must be `async fn` (it is served as a task), not `#[sync]`"),
+            ));
+        }
+        (Kind::Sync, Some(_), _) => {
             return Err(syn::Error::new_spanned(
                 &resp,
                 format!("stream method `{name}` must be `async fn` (it is served as a task), not `#[sync]`"),
             ));
         }
-        (kind, _) => (kind, resp),
+        (kind, _, _) => (kind, resp),
     };
     Ok(MethodDef { ident: name.clone(), wire_name, const_ident, kind, req, resp, has_arg: arg.is_some() })
 }

@@ -1,6 +1,6 @@
 //! The server adapter (`XServer`): holds an implementation of the trait and registers one
 //! handler per method with a `ServerBuilder`, each in the form its kind maps to (`handle`,
-//! `handle_batch`, `handle_fn`).
+//! `handle_batch`, `handle_fn`, `handle_stream`, `handle_client_stream`, `handle_bidi_stream`).
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -110,6 +110,18 @@ fn handler(def: &ServiceDef, m: &MethodDef, s: &syn::Ident) -> TokenStream {
             builder.handle_stream(#desc, move |#param| {
                 let s = ::std::sync::Arc::clone(&s);
                 async move { #method(&*s #arg).await }
+            })
+        },
+        Kind::ClientStream => quote_spanned! {span=>
+            builder.handle_client_stream(#desc, move |req| {
+                let s = ::std::sync::Arc::clone(&s);
+                async move { #method(&*s, req).await }
+            })
+        },
+        Kind::BidiStream => quote_spanned! {span=>
+            builder.handle_bidi_stream(#desc, move |req| {
+                let s = ::std::sync::Arc::clone(&s);
+                async move { #method(&*s, req).await }
             })
         },
     };

@@ -585,3 +585,37 @@ async fn a_both_way_echo_keeps_every_item_in_order() {
     sender.await.unwrap();
     server.shutdown().await;
 }
+
+/// A million items through one stream to a reader that takes ten a second for five seconds,
+/// then reads as fast as it can: at every item it takes, the producer is ahead of it by no
+/// more than the credit window (so the server holds back what the reader does not take), and
+/// once the reader speeds up every item arrives, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_items_to_a_reader_that_is_slow_then_fast() {
+    let produced = Arc::new(Produced::default());
+    let (server, client) = serve(&produced, "tcp://127.0.0.1:0").await;
+    const N: u64 = 1_000_000;
+    let window = u64::from(StreamOptions::default().window);
+    let mut s = client.open_stream(&COUNT, N).await.unwrap();
+    let ahead = |taken: u64| produced.items.load(Ordering::SeqCst).saturating_sub(taken);
+    let mut worst = 0;
+    for i in 0..50 {
+        assert_eq!(s.next().await.unwrap().unwrap(), i);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        worst = worst.max(ahead(i + 1));
+    }
+    // Fifty taken, fewer than half a window: the reader granted nothing beyond its window.
+    let slow = produced.items.load(Ordering::SeqCst);
+    assert!(slow <= window, "a reader that took 50 items had the producer make {slow}");
+    assert!(worst <= window, "the producer ran {worst} items ahead of the slow reader");
+    let mut next = 50;
+    while let Some(item) = s.next().await {
+        assert_eq!(item.unwrap(), next);
+        next += 1;
+        worst = worst.max(ahead(next));
+    }
+    assert_eq!(next, N, "every item arrived");
+    assert_eq!(produced.items.load(Ordering::SeqCst), N, "the producer sped up with the reader");
+    assert!(worst <= window, "the producer ran {worst} items ahead of the reader");
+    server.shutdown().await;
+}

@@ -172,6 +172,10 @@ impl LocalServer for Shared {
         self.router.lookup(service, method).map(|route| &*route.local)
     }
 
+    fn stream_method(&self, service: &str, method: &str) -> Result<&(dyn Any + Send + Sync), Status> {
+        self.router.lookup_stream(service, method).map(|route| route.handler.local())
+    }
+
     fn call_raw(&self, service: &str, method: &str, payload: Bytes) -> Started<Result<Bytes, Status>> {
         match self.router.lookup(service, method) {
             Ok(route) => route.handler.serve_raw(payload),

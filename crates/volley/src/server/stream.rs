@@ -5,6 +5,7 @@
 //! credit, so a client that stops reading holds the producer where it is: a stream's unsent
 //! items never exceed its window. Items ready at once are encoded into one bundle.
 
+use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,9 @@ use crate::metrics::StreamCounts;
 use crate::proto::Code;
 use crate::proto::encode::BuildError;
 use crate::proto::message::shape;
+use crate::transport::inproc::{
+    LocalBidiStream, LocalClientStream, LocalInput, LocalItems, LocalServerStream,
+};
 use crate::transport::outbox::Outbox;
 
 /// Most items encoded into one bundle before it is handed to the writer: enough to amortize
@@ -43,6 +47,9 @@ type OpenFn<Req, Item> =
 pub(crate) trait StreamHandler: Send + Sync {
     /// The stream's shape (`proto::message::shape`).
     fn shape(&self) -> u8;
+    /// The handler's face for callers of this process: a `transport::inproc` stream type of its
+    /// request and item types, behind `Any`.
+    fn local(&self) -> &(dyn Any + Send + Sync);
     fn serve(&self, request: Bytes, input: Option<Input>, sink: Sink) -> BoxFuture<'static, Finished>;
 }
 
@@ -62,6 +69,8 @@ pub(crate) struct Input {
 /// A stream method's handler, typed.
 pub(crate) struct TypedStreamHandler<Req, Item> {
     open: Arc<OpenFn<Req, Item>>,
+    /// A [`LocalServerStream`] of `Req` and `Item`.
+    local: Box<dyn Any + Send + Sync>,
 }
 
 impl<Req: Wire, Item: Wire> TypedStreamHandler<Req, Item> {
@@ -75,11 +84,18 @@ impl<Req: Wire, Item: Wire> TypedStreamHandler<Req, Item> {
             let fut = f(req);
             Box::pin(async move { fut.await.map(|s| Box::pin(s) as BoxStream<'static, _>) })
         };
-        TypedStreamHandler { open: Arc::new(open) }
+        let open: Arc<OpenFn<Req, Item>> = Arc::new(open);
+        let opener = open.clone();
+        let local: LocalServerStream<Req, Item> = Arc::new(move |req| local_items(opener(req)));
+        TypedStreamHandler { open, local: Box::new(local) }
     }
 }
 
 impl<Req: Wire, Item: Wire> StreamHandler for TypedStreamHandler<Req, Item> {
+    fn local(&self) -> &(dyn Any + Send + Sync) {
+        &*self.local
+    }
+
     fn shape(&self) -> u8 {
         shape::SERVER
     }
@@ -100,6 +116,8 @@ type InFn<Req, Out> = dyn Fn(Incoming<Req>) -> BoxFuture<'static, Result<Out, St
 /// A client stream's handler (shape 2): the client's items in, one reply out.
 pub(crate) struct ClientStreamHandler<Req, Resp> {
     f: Arc<InFn<Req, Resp>>,
+    /// A [`LocalClientStream`] of `Req` and `Resp`.
+    local: Box<dyn Any + Send + Sync>,
 }
 
 impl<Req: Wire, Resp: Wire> ClientStreamHandler<Req, Resp> {
@@ -108,11 +126,21 @@ impl<Req: Wire, Resp: Wire> ClientStreamHandler<Req, Resp> {
         F: Fn(Incoming<Req>) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<Resp, Status>> + Send + 'static,
     {
-        ClientStreamHandler { f: Arc::new(move |input| -> BoxFuture<'static, _> { Box::pin(f(input)) }) }
+        let f: Arc<InFn<Req, Resp>> = Arc::new(move |input| -> BoxFuture<'static, _> { Box::pin(f(input)) });
+        let g = f.clone();
+        let local: LocalClientStream<Req, Resp> = Arc::new(move |input| {
+            let reply = AssertUnwindSafe(g(Incoming::local(input))).catch_unwind();
+            Box::pin(reply.map(|r| r.unwrap_or_else(|_| Err(panicked()))))
+        });
+        ClientStreamHandler { f, local: Box::new(local) }
     }
 }
 
 impl<Req: Wire, Resp: Wire> StreamHandler for ClientStreamHandler<Req, Resp> {
+    fn local(&self) -> &(dyn Any + Send + Sync) {
+        &*self.local
+    }
+
     fn shape(&self) -> u8 {
         shape::CLIENT
     }
@@ -133,6 +161,8 @@ impl<Req: Wire, Resp: Wire> StreamHandler for ClientStreamHandler<Req, Resp> {
 /// A both-way stream's handler (shape 3): the client's items in, the handler's items out.
 pub(crate) struct BidiStreamHandler<Req, Item> {
     f: Arc<InFn<Req, BoxStream<'static, Result<Item, Status>>>>,
+    /// A [`LocalBidiStream`] of `Req` and `Item`.
+    local: Box<dyn Any + Send + Sync>,
 }
 
 impl<Req: Wire, Item: Wire> BidiStreamHandler<Req, Item> {
@@ -146,11 +176,18 @@ impl<Req: Wire, Item: Wire> BidiStreamHandler<Req, Item> {
             let fut = f(input);
             Box::pin(async move { fut.await.map(|s| Box::pin(s) as BoxStream<'static, _>) })
         };
-        BidiStreamHandler { f: Arc::new(f) }
+        let f: Arc<InFn<Req, BoxStream<'static, Result<Item, Status>>>> = Arc::new(f);
+        let g = f.clone();
+        let local: LocalBidiStream<Req, Item> = Arc::new(move |input| local_items(g(Incoming::local(input))));
+        BidiStreamHandler { f, local: Box::new(local) }
     }
 }
 
 impl<Req: Wire, Item: Wire> StreamHandler for BidiStreamHandler<Req, Item> {
+    fn local(&self) -> &(dyn Any + Send + Sync) {
+        &*self.local
+    }
+
     fn shape(&self) -> u8 {
         shape::BOTH
     }
@@ -164,16 +201,40 @@ impl<Req: Wire, Item: Wire> StreamHandler for BidiStreamHandler<Req, Item> {
     }
 }
 
+/// A handler's items for a caller of this process: the stream it opens with, pulled by the
+/// caller as it reads. An open that fails, or a producer that panics, ends it with the error.
+fn local_items<Item: Send + 'static>(
+    opened: BoxFuture<'static, Result<BoxStream<'static, Result<Item, Status>>, Status>>,
+) -> LocalItems<Item> {
+    let items = futures_util::stream::once(opened).flat_map(|r| match r {
+        Ok(items) => items,
+        Err(status) => futures_util::stream::iter([Err(status)]).boxed(),
+    });
+    AssertUnwindSafe(items).catch_unwind().map(|r| r.unwrap_or_else(|_| Err(panicked()))).boxed()
+}
+
 /// The client's items of a client or both-way stream, as its handler reads them: a `Stream`
 /// of requests that ends after the client's last. Taking items grants the client credit for
 /// more, so a handler that reads slowly holds the client's sender back.
 pub struct Incoming<T> {
-    rx: mpsc::UnboundedReceiver<Option<Bytes>>,
-    outbox: Arc<Outbox>,
-    id: u64,
-    taken: u32,
+    from: From<T>,
     done: bool,
-    _item: std::marker::PhantomData<fn() -> T>,
+}
+
+/// Where a handler's incoming items come from.
+enum From<T> {
+    /// A client over a connection: encoded items, and the outbox for the credit it is granted.
+    Peer { rx: mpsc::UnboundedReceiver<Option<Bytes>>, outbox: Arc<Outbox>, id: u64, taken: u32 },
+    /// A client of this process: the values themselves, through a channel whose capacity is
+    /// the client's credit.
+    Local(LocalInput<T>),
+}
+
+impl<T> Incoming<T> {
+    /// The items of an inproc client.
+    pub(crate) fn local(input: LocalInput<T>) -> Self {
+        Incoming { from: From::Local(input), done: false }
+    }
 }
 
 impl<T: Wire> Stream for Incoming<T> {
@@ -188,12 +249,32 @@ impl<T: Wire> Stream for Incoming<T> {
         if this.done {
             return Poll::Ready(None);
         }
-        match this.rx.poll_recv(cx) {
+        let (rx, outbox, id, taken) = match &mut this.from {
+            From::Peer { rx, outbox, id, taken } => (rx, outbox, *id, taken),
+            From::Local(input) => {
+                return match input.items.poll_recv(cx) {
+                    Poll::Ready(Some(item)) => Poll::Ready(Some(Ok(item))),
+                    Poll::Ready(None) => {
+                        this.done = true;
+                        if input.finished.load(Ordering::Acquire) {
+                            Poll::Ready(None)
+                        } else {
+                            Poll::Ready(Some(Err(Status::new(
+                                Code::Cancelled,
+                                "the client gave the stream up",
+                            ))))
+                        }
+                    }
+                    Poll::Pending => Poll::Pending,
+                };
+            }
+        };
+        match rx.poll_recv(cx) {
             Poll::Ready(Some(Some(payload))) => {
-                this.taken += 1;
-                if this.taken >= IN_WINDOW / 2 {
-                    let (id, n) = (this.id, std::mem::take(&mut this.taken));
-                    let _ = this.outbox.push(|fb| fb.stream_credit(id, n));
+                *taken += 1;
+                if *taken >= IN_WINDOW / 2 {
+                    let n = std::mem::take(taken);
+                    let _ = outbox.push(|fb| fb.stream_credit(id, n));
                 }
                 let item = T::decode(payload).map_err(|e| {
                     Status::new(Code::BadRequest, format!("a stream item does not decode: {}", e.0))
@@ -211,7 +292,11 @@ impl<T: Wire> Stream for Incoming<T> {
 
 impl<T> std::fmt::Debug for Incoming<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Incoming").field("id", &self.id).field("done", &self.done).finish()
+        let id = match &self.from {
+            From::Peer { id, .. } => Some(*id),
+            From::Local(_) => None,
+        };
+        f.debug_struct("Incoming").field("id", &id).field("done", &self.done).finish()
     }
 }
 
@@ -231,14 +316,8 @@ impl Sink {
     /// The client's items, for the handler (none if the shape has none).
     fn incoming<T>(&self, input: Option<Input>) -> Incoming<T> {
         let rx = input.map_or_else(|| mpsc::unbounded_channel().1, |i| i.rx);
-        Incoming {
-            rx,
-            outbox: self.outbox.clone(),
-            id: self.id,
-            taken: 0,
-            done: false,
-            _item: std::marker::PhantomData,
-        }
+        let from = From::Peer { rx, outbox: self.outbox.clone(), id: self.id, taken: 0 };
+        Incoming { from, done: false }
     }
 
     /// Sends every item of `items` as credit allows; the stream's end is the caller's to send.
@@ -432,7 +511,7 @@ pub(crate) struct StreamStats {
 }
 
 impl StreamStats {
-    pub(super) fn ended(&self, how: Ended) {
+    pub(crate) fn ended(&self, how: Ended) {
         self.ended[how as usize].fetch_add(1, Ordering::Relaxed);
     }
 

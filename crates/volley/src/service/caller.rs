@@ -12,10 +12,10 @@ use std::future::Future;
 
 use futures_util::stream::{self, Stream, StreamExt};
 
-use crate::client::{BatchOptions, CallOptions, Client, StreamOptions, Streaming};
+use crate::client::{BatchOptions, CallOptions, Client, StreamOptions, StreamSender, Streaming, Upload};
 use crate::codec::{StableHash, Wire};
 use crate::error::Error;
-use crate::method::{Method, StreamMethod};
+use crate::method::{BidiStreamMethod, ClientStreamMethod, Method, StreamMethod};
 use crate::service_client::{Gathered, ServiceClient};
 
 /// Calls methods whose request type is `Req` and reply type `Resp`: implemented by
@@ -217,5 +217,80 @@ impl<Req: Wire, Item: Wire> StreamCaller<Req, Item> for ServiceClient {
         opts: StreamOptions,
     ) -> impl Future<Output = Result<Streaming<Item>, Error>> + Send {
         self.open_stream_with(m, req, opts)
+    }
+}
+
+/// Opens client streams whose requests are `Req` and reply `Resp`: implemented by [`Client`]
+/// and [`ServiceClient`] for every pair of [`Wire`] types.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot open a client stream with requests `{Req}` and reply `{Resp}`",
+    note = "a `Client` or a `ServiceClient` opens streams whose requests and reply are wire types (`volley::wire!`)"
+)]
+pub trait ClientStreamCaller<Req, Resp> {
+    /// Opens the stream ([`Client::open_client_stream`]).
+    fn open_client(
+        &self,
+        m: &ClientStreamMethod<Req, Resp>,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<Upload<Req, Resp>, Error>> + Send;
+}
+
+#[diagnostic::do_not_recommend]
+impl<Req: Wire, Resp: Wire> ClientStreamCaller<Req, Resp> for Client {
+    fn open_client(
+        &self,
+        m: &ClientStreamMethod<Req, Resp>,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<Upload<Req, Resp>, Error>> + Send {
+        self.open_client_stream(m, opts)
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<Req: Wire, Resp: Wire> ClientStreamCaller<Req, Resp> for ServiceClient {
+    fn open_client(
+        &self,
+        m: &ClientStreamMethod<Req, Resp>,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<Upload<Req, Resp>, Error>> + Send {
+        self.open_client_stream(m, opts)
+    }
+}
+
+/// Opens both-way streams whose requests are `Req` and items `Item`: implemented by
+/// [`Client`] and [`ServiceClient`] for every pair of [`Wire`] types.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot open a both-way stream with requests `{Req}` and items `{Item}`",
+    note = "a `Client` or a `ServiceClient` opens streams whose requests and items are wire types (`volley::wire!`)"
+)]
+pub trait BidiStreamCaller<Req, Item> {
+    /// Opens the stream ([`Client::open_bidi_stream`]).
+    #[allow(clippy::type_complexity)]
+    fn open_bidi(
+        &self,
+        m: &BidiStreamMethod<Req, Item>,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<(StreamSender<Req>, Streaming<Item>), Error>> + Send;
+}
+
+#[diagnostic::do_not_recommend]
+impl<Req: Wire, Item: Wire> BidiStreamCaller<Req, Item> for Client {
+    fn open_bidi(
+        &self,
+        m: &BidiStreamMethod<Req, Item>,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<(StreamSender<Req>, Streaming<Item>), Error>> + Send {
+        self.open_bidi_stream(m, opts)
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl<Req: Wire, Item: Wire> BidiStreamCaller<Req, Item> for ServiceClient {
+    fn open_bidi(
+        &self,
+        m: &BidiStreamMethod<Req, Item>,
+        opts: StreamOptions,
+    ) -> impl Future<Output = Result<(StreamSender<Req>, Streaming<Item>), Error>> + Send {
+        self.open_bidi_stream(m, opts)
     }
 }

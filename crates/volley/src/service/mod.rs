@@ -17,11 +17,14 @@
 mod caller;
 mod register;
 
-pub use caller::{Caller, ServiceCaller, StreamCaller};
+pub use caller::{BidiStreamCaller, Caller, ClientStreamCaller, ServiceCaller, StreamCaller};
 
 /// What a stream method of a service returns: its items, each a result (an error ends the
 /// stream). Make one with `Box::pin(stream)` or `StreamExt::boxed`.
 pub type ItemStream<T> = futures_util::stream::BoxStream<'static, Result<T, crate::Status>>;
+/// What a client or both-way stream method of a service takes: the client's requests, as they
+/// come (taking them grants the client room for more); it ends after the client's last.
+pub type RequestStream<T> = crate::server::Incoming<T>;
 /// The stream a generated client's `_stream` method returns.
 pub use futures_util::stream::Stream;
 

@@ -13,13 +13,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::watch::watch_loop;
 use crate::balance::{Balance, InstanceStats, Outliers, Pick, Pool, PoolConfig, PoolStats, hash_key};
-use crate::client::{BatchOptions, CallOptions, ClientConfig, StreamOptions, Streaming};
+use crate::client::{
+    BatchOptions, CallOptions, ClientConfig, StreamOptions, StreamSender, Streaming, Upload,
+};
 use crate::codec::{StableHash, Wire};
 use crate::discovery::Instance;
 use crate::discovery::wire::{RelayRequest, Target};
 use crate::error::Error;
 use crate::liveness::Keepalive;
-use crate::method::{Method, StreamMethod};
+use crate::method::{BidiStreamMethod, ClientStreamMethod, Method, StreamMethod};
 use crate::metrics::stats::Snapshot;
 use crate::registry::Registry;
 use crate::retry::{Hedge, Plan, Retrier, RetryBudget, RetryConfig};
@@ -636,5 +638,52 @@ impl ServiceClient {
         req: Req,
     ) -> Result<Streaming<Item>, Error> {
         self.open_stream_with(m, req, StreamOptions::default()).await
+    }
+
+    /// Opens client stream `m` on an instance of its service (see
+    /// [`open_stream_with`](Self::open_stream_with): picked by the balancing policy, kept
+    /// until the stream ends; direct mode only).
+    pub async fn open_client_stream<Req: Wire, Resp: Wire>(
+        &self,
+        m: &ClientStreamMethod<Req, Resp>,
+        opts: StreamOptions,
+    ) -> Result<Upload<Req, Resp>, Error> {
+        let pool = self.stream_pool(&format!("{m:?}"), m.service()).await?;
+        pool.call(
+            &Pick::Balanced,
+            Plan::once(),
+            |client| async move { client.open_client_stream(m, opts).await },
+        )
+        .await
+    }
+
+    /// Opens both-way stream `m` on an instance of its service (see
+    /// [`open_stream_with`](Self::open_stream_with): picked by the balancing policy, kept
+    /// until the stream ends; direct mode only).
+    pub async fn open_bidi_stream<Req: Wire, Item: Wire>(
+        &self,
+        m: &BidiStreamMethod<Req, Item>,
+        opts: StreamOptions,
+    ) -> Result<(StreamSender<Req>, Streaming<Item>), Error> {
+        let pool = self.stream_pool(&format!("{m:?}"), m.service()).await?;
+        pool.call(
+            &Pick::Balanced,
+            Plan::once(),
+            |client| async move { client.open_bidi_stream(m, opts).await },
+        )
+        .await
+    }
+
+    /// The instances of `service` to open a stream on; streams are refused in relayed mode.
+    async fn stream_pool(&self, what: &str, service: &str) -> Result<Arc<Retrier>, Error> {
+        if self.inner.config.mode == Mode::Relayed {
+            return Err(Error::Usage(format!(
+                "{what}: streams do not go through the registry's relay (it forwards single calls and \
+                 answers each with one reply); open them in direct mode"
+            )));
+        }
+        let pool = self.pool(service).await?;
+        self.inner.calls.fetch_add(1, Relaxed);
+        Ok(pool)
     }
 }

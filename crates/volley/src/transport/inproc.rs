@@ -48,10 +48,32 @@ pub(crate) trait LocalMethod<Req, Resp>: Send + Sync {
 /// The boxed form a local server hands out for each method: what a caller downcasts to.
 pub(crate) type AnyMethod<Req, Resp> = Arc<dyn LocalMethod<Req, Resp>>;
 
+/// A local handler's items, as values, pulled by the caller as it reads (so nothing waits
+/// between the two: a caller that stops reading holds the producer where it is).
+pub(crate) type LocalItems<Item> = futures_util::stream::BoxStream<'static, Result<Item, Status>>;
+/// A local server stream method, as a caller downcasts it: the request in, the items out.
+pub(crate) type LocalServerStream<Req, Item> = Arc<dyn Fn(Req) -> LocalItems<Item> + Send + Sync>;
+/// A local client stream method: the caller's items in, the reply out.
+pub(crate) type LocalClientStream<Req, Resp> =
+    Arc<dyn Fn(LocalInput<Req>) -> BoxFuture<'static, Result<Resp, Status>> + Send + Sync>;
+/// A local both-way stream method: the caller's items in, the handler's out.
+pub(crate) type LocalBidiStream<Req, Item> = Arc<dyn Fn(LocalInput<Req>) -> LocalItems<Item> + Send + Sync>;
+
+/// A local caller's items: a channel whose capacity is the credit the handler grants, and
+/// whether the caller finished them when the channel closed (if not, it gave the stream up:
+/// the handler must not take a cancelled upload for a whole one).
+pub(crate) struct LocalInput<Req> {
+    pub items: tokio::sync::mpsc::Receiver<Req>,
+    pub finished: Arc<std::sync::atomic::AtomicBool>,
+}
+
 /// A server bound to an inproc name.
 pub(crate) trait LocalServer: Send + Sync {
     /// The method `service/method`, as an [`AnyMethod`] of its types behind `Any`.
     fn method(&self, service: &str, method: &str) -> Result<&(dyn Any + Send + Sync), Status>;
+    /// Stream method `service/method`: one of the `Local*Stream` types of its shape, request
+    /// and item types, behind `Any`.
+    fn stream_method(&self, service: &str, method: &str) -> Result<&(dyn Any + Send + Sync), Status>;
     /// Serves an already encoded request and returns the encoded reply: for layers that
     /// forward calls whose types they do not know (the registry's relay).
     fn call_raw(&self, service: &str, method: &str, payload: Bytes) -> Started<Result<Bytes, Status>>;
