@@ -72,6 +72,7 @@ pub fn run(scenario: Scenario, seed: u64) -> Report {
     // The library's random choices (balancing, jitter, lease ids) come from this thread's
     // generator; every host runs on this thread.
     fastrand::seed(seed);
+    volley::transport::enable_simulation();
     let mut rng = fastrand::Rng::with_seed(seed);
     let steps = faults::schedule(scenario, &mut rng, system::TTL.as_millis() as u64);
     let max_latency = Duration::from_millis(rng.u64(2..=10));

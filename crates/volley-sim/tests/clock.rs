@@ -17,6 +17,7 @@ const ECHO: Method<u64, u64> = Method::new("clock", "echo");
 /// every simulated millisecond while the link is held. Returns the second call's simulated
 /// duration in ms and its outcome.
 fn held_call(wall_per_step: Duration) -> (u64, Result<u64, Error>) {
+    volley::transport::enable_simulation();
     let mut sim = turmoil::Builder::new()
         .rng_seed(1)
         .tick_duration(Duration::from_millis(1))

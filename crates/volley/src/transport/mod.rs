@@ -23,6 +23,8 @@ pub(crate) mod reader;
 pub(crate) mod shm;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
+#[cfg(feature = "sim")]
+pub use sim::enable as enable_simulation;
 pub(crate) mod socket;
 pub(crate) mod stream;
 #[cfg(feature = "tls")]

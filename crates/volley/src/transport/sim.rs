@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -22,10 +23,21 @@ use turmoil::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::stream::{ByteStream, ReadHalf, WriteHalf};
 
+/// Set once a process runs simulations ([`enable`]).
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Lets `tcp://` and the deadlines' clock ask whether they run on a simulated host. Call it
+/// before running a simulation. Until then they do not ask: turmoil's answer outside a
+/// simulation allocates an error, which would cost every call of a process built with the
+/// feature but not simulating (a workspace build unifies it into every test).
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
 /// Whether the calling task runs on a simulated host.
 #[inline]
 pub(crate) fn active() -> bool {
-    turmoil::in_simulation()
+    ENABLED.load(Ordering::Relaxed) && turmoil::in_simulation()
 }
 
 /// How long the simulation has run, in simulated time, the same on every host: the clock the
