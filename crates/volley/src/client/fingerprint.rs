@@ -21,10 +21,10 @@ impl Source {
     /// (decided at compile time: every method without a fast-tier type skips all of this).
     #[inline]
     pub fn of<Req: crate::Wire, Resp: crate::Wire>(m: &crate::Method<Req, Resp>) -> Option<Source> {
-        if !Fingerprints::may_have::<Req, Resp>() {
+        if !crate::codec::fingerprint::may_have::<Req, Resp>() {
             return None;
         }
-        Some(Source { names: (m.service(), m.name()), of: Fingerprints::of::<Req, Resp> })
+        Some(Source { names: (m.service(), m.name()), of: crate::codec::fingerprint::of_method::<Req, Resp> })
     }
 }
 

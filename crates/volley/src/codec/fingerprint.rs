@@ -258,6 +258,19 @@ fn write_container(c: &ContainerFormat, registry: &Registry, open: &mut Vec<Stri
     }
 }
 
+/// The fingerprints of the method `Req` → `Resp`, or `None` when neither type has one.
+pub(crate) fn of_method<Req: crate::Wire, Resp: crate::Wire>() -> Option<crate::proto::Fingerprints> {
+    let (request, reply) = (Req::fingerprint(), Resp::fingerprint());
+    (request.is_some() || reply.is_some())
+        .then(|| crate::proto::Fingerprints { request: request.unwrap_or(0), reply: reply.unwrap_or(0) })
+}
+
+/// Whether methods of these types may carry fingerprints at all: only fast-tier types have
+/// one, so every other method skips the work at compile time.
+pub(crate) const fn may_have<Req: crate::Wire, Resp: crate::Wire>() -> bool {
+    matches!(Req::TIER, super::Tier::Fast) || matches!(Resp::TIER, super::Tier::Fast)
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;

@@ -46,19 +46,6 @@ pub struct Fingerprints {
 }
 
 impl Fingerprints {
-    /// Those of the method `Req` → `Resp`, or `None` when neither type has one.
-    pub fn of<Req: crate::Wire, Resp: crate::Wire>() -> Option<Fingerprints> {
-        let (request, reply) = (Req::fingerprint(), Resp::fingerprint());
-        (request.is_some() || reply.is_some())
-            .then(|| Fingerprints { request: request.unwrap_or(0), reply: reply.unwrap_or(0) })
-    }
-
-    /// Whether methods of these types may carry fingerprints at all: only fast-tier types
-    /// have one, so every other method skips the work at compile time.
-    pub const fn may_have<Req: crate::Wire, Resp: crate::Wire>() -> bool {
-        matches!(Req::TIER, crate::codec::Tier::Fast) || matches!(Resp::TIER, crate::codec::Tier::Fast)
-    }
-
     fn from_bytes(b: &[u8]) -> Option<Fingerprints> {
         let b: &[u8; 16] = b.try_into().ok()?;
         let (req, rep) = b.split_at(8);

@@ -365,7 +365,7 @@ impl ServerBuilder {
         let h = Arc::new(h);
         let local: AnyMethod<Req, Resp> = h.clone();
         let metrics = Arc::new(MethodMetrics::new(m.service(), m.name()));
-        let fingerprints = crate::proto::Fingerprints::of::<Req, Resp>().unwrap_or_default();
+        let fingerprints = crate::codec::fingerprint::of_method::<Req, Resp>().unwrap_or_default();
         let route = Route { handler: h, local: Box::new(local), metrics, alone: false, fingerprints };
         if !self.router.insert(m.service(), m.name(), route) {
             panic!("{m:?} registered twice");
