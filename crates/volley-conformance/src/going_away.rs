@@ -155,7 +155,8 @@ async fn wait_for(wait: Duration, mut condition: impl FnMut() -> bool) -> Result
 }
 
 /// The verdict on what each call ended with: one result per item, each the item's own reply
-/// or `Error::Connection`; the first `answered` items (answered while the server was up)
+/// or a connection error (`Error::Connection`, or `Error::NotRun` for a call the connection's
+/// end left unsent or the server's go-away left unrun); the first `answered` items (answered while the server was up)
 /// replied; and the server's going away failed at least one call (or it did not go away
 /// mid-batch). `singles`: each single call's result and payload. Returns a summary.
 pub fn judge(
@@ -177,10 +178,10 @@ pub fn judge(
         match result {
             Ok(reply) if reply == sent => {}
             Ok(reply) => return Err(format!("{what} got another call's reply ({reply:?} for {sent:?})")),
-            Err(Error::Connection(_)) if k < answered => {
+            Err(Error::Connection(_) | Error::NotRun(_)) if k < answered => {
                 return Err(format!("{what} failed, though it was answered before the server stopped"));
             }
-            Err(Error::Connection(_)) => failed += 1,
+            Err(Error::Connection(_) | Error::NotRun(_)) => failed += 1,
             Err(e) => return Err(format!("{what} ended with {e:?}, not a connection error")),
         }
     }
@@ -216,6 +217,17 @@ mod tests {
         let singles = vec![(lost(), Bytes::from("s0")), (Ok(Bytes::from("s1")), Bytes::from("s1"))];
         let summary = judge(&items, 5, &batch, &singles).unwrap();
         assert_eq!(summary, "12 calls (10 batch items, 2 single): 7 replied, 5 connection errors");
+    }
+
+    #[test]
+    fn a_call_the_connection_left_unsent_is_a_connection_error_too() {
+        let items = items(4);
+        let mut batch: Vec<_> = items[..2].iter().cloned().map(Ok).collect();
+        batch.extend([lost(), Err(Error::NotRun("reset (the request was never sent)".into()))]);
+        let summary = judge(&items, 2, &batch, &[]).unwrap();
+        assert_eq!(summary, "4 calls (4 batch items, 0 single): 2 replied, 2 connection errors");
+        // Before the server stopped, not even that.
+        assert!(judge(&items, 4, &batch, &[]).unwrap_err().contains("failed, though it was answered"));
     }
 
     #[test]
