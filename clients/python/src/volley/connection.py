@@ -136,6 +136,12 @@ class Connection(asyncio.Protocol):
                     continue
                 if entry is not None:
                     pending[m[1]] = entry
+            elif m[0] == STREAM_ITEM:
+                # An item of a stream: to its queue, here too (a stream's per-item cost).
+                entry = pending.get(m[1])
+                if type(entry) is ClientStream:
+                    entry.on_item(m[2])
+                continue
             self._dispatch(m)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -203,10 +209,6 @@ class Connection(asyncio.Protocol):
             else:
                 asked, got = ("BatchRequest", "Reply") if batch else ("Request", "BatchReply")
                 _failed(entry, m[1], ProtocolViolationError(f"the server answered a {asked} with a {got}"))
-        elif kind == STREAM_ITEM:
-            entry = self.pending.get(m[1])
-            if type(entry) is ClientStream:
-                entry.on_item(m[2])
         elif kind == STREAM_CREDIT:
             entry = self.pending.get(m[1])
             if type(entry) is ClientStream:

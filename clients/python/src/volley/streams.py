@@ -191,10 +191,14 @@ class ClientStream:
         payload = items.popleft()
         self.taken += 1
         if self.taken >= self.half and not self.ended:
-            self.conn.send(proto.stream_credit_message(self.rid, self.taken))
-            self.allowance += self.taken
-            self.taken = 0
+            self.grant()
         return payload
+
+    def grant(self) -> None:
+        """Gives the server back the credit of the items taken since the last grant."""
+        self.conn.send(proto.stream_credit_message(self.rid, self.taken))
+        self.allowance += self.taken
+        self.taken = 0
 
     async def wait_end(self) -> None:
         while not self.ended:
@@ -274,14 +278,23 @@ class ItemStream:
 
     async def __anext__(self) -> Any:
         state = self._state or await self._open()
-        try:
-            payload = await state.next_payload()
-        except BaseException:
-            self._stop_feeder()
-            raise
-        if payload is None:
-            self._stop_feeder()
-            raise StopAsyncIteration
+        items = state.items
+        if items:
+            # An item is waiting (the usual case while the server keeps ahead): taken here,
+            # without another coroutine.
+            payload = items.popleft()
+            state.taken += 1
+            if state.taken >= state.half and not state.ended:
+                state.grant()
+        else:
+            try:
+                payload = await state.next_payload()
+            except BaseException:
+                self._stop_feeder()
+                raise
+            if payload is None:
+                self._stop_feeder()
+                raise StopAsyncIteration
         if self._decode is None:
             return payload
         try:
@@ -363,7 +376,8 @@ async def open_stream(client, method, shape: int, payload: bytes, window: int, t
     credit = window if shape != proto.SHAPE_CLIENT else 0
     message = proto.stream_open_message(rid, 0, method.names, shape, credit, payload, ext)
     if len(message) > proto.MAX_FRAME_LEN:
-        raise TooLargeError(f"a stream open of {len(message)} bytes exceeds the frame limit of {proto.MAX_FRAME_LEN} bytes")
+        limit = proto.MAX_FRAME_LEN
+        raise TooLargeError(f"a stream open of {len(message)} bytes exceeds the frame limit of {limit} bytes")
     state = ClientStream(conn, rid, shape, credit, ext is not None)
     conn.pending[rid] = state
     conn.send(message)
