@@ -164,6 +164,52 @@ def test_an_error_at_the_open_and_a_deadline_end_a_rust_stream(echo_server):
     run(main())
 
 
+GATHER = Method("echo", "gather")
+EACH = Method("echo", "each")
+
+
+def test_client_and_both_way_streams_to_the_rust_server(echo_server):
+    """`echo`/`gather` (a client stream: the items joined) and `echo`/`each` (both ways: each
+    item back), PROTOCOL.md §19: the Rust server's credit paces the Python sender."""
+
+    async def main():
+        async with await volley.Client.connect(echo_server.address) as client:
+            items = [i.to_bytes(4, "little") for i in range(20_000)]
+            assert await client.client_stream(GATHER, items) == b"".join(items)
+            assert await client.client_stream(GATHER, []) == b""
+
+            async def slowly():  # an async iterable that waits between its requests
+                for i in items[:500]:
+                    if i[0] % 50 == 0:
+                        await asyncio.sleep(0)
+                    yield i
+
+            assert await client.client_stream(GATHER, slowly()) == b"".join(items[:500])
+            assert [r async for r in client.bidi_stream(EACH, items, window=32)] == items
+            # Closed early, a both-way stream stops its sender too.
+            stream = client.bidi_stream(EACH, iter(lambda: b"again", None))
+            async for r in stream:
+                assert r == b"again"
+                break
+            await stream.aclose()
+            await eventually(lambda: stream._feeder.done(), "the sender to stop")
+            assert client._conn.pending == {}
+            assert await client.call(ECHO, b"on") == b"on"
+
+    run(main())
+
+
+def test_the_blocking_client_reads_and_sends_streams(echo_server):
+    with volley.blocking.Client(echo_server.address) as client:
+        assert list(client.stream(REPEAT, repeat_request(1000, b"b"), window=16)) == [b"b"] * 1000
+        items = client.stream(REPEAT, repeat_request(1_000_000, b"c"))
+        assert next(items) == b"c"
+        items.close()  # early: cancelled
+        assert client.client_stream(GATHER, [b"x", b"y", b"z"]) == b"xyz"
+        assert client.call(ECHO, b"on") == b"on"
+        assert client._client._conn.pending == {}
+
+
 def test_a_stream_is_refused_locally_by_a_server_without_streams():
     """A server whose preamble did not announce STREAMS is sent no StreamOpen (§4.4)."""
 

@@ -289,6 +289,8 @@ class ItemStream:
         else:
             try:
                 payload = await state.next_payload()
+            except asyncio.CancelledError:
+                raise  # the reader was cancelled, not the stream: it may read on
             except BaseException:
                 self._stop_feeder()
                 raise
