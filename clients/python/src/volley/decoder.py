@@ -115,23 +115,41 @@ class Decoder:
         """The messages of the frame whose body is ``b[start:end]``."""
         kind = b[start]
         replies = (
-            self._replies(b, start, end) if kind == REPLY or kind == STREAM_ITEM
+            self._replies(b, start, end) if kind == REPLY
             else self._uniform_replies(b, start, end) if kind == BATCH_REPLY
+            else self._items(b, start, end) if kind == STREAM_ITEM
             else None
         )
         return replies if replies is not None else self.frame(b[start:end])
 
     def _replies(self, b: bytes, pos: int, end: int) -> list[tuple] | None:
-        """The messages of a frame made only of Replies (answers to single calls) and
-        StreamItems (the same layout), read where they lie in ``b``: one unpack and one slice
-        each; or ``None`` for any other frame (or a bad one), which ``frame`` then reads from
-        a copy, with every check."""
+        """The messages of a frame made only of Replies (answers to single calls), read where
+        they lie in ``b``: one unpack and one slice each; or ``None`` for any other frame (or
+        a bad one), which ``frame`` then reads from a copy, with every check."""
+        out = []
+        append = out.append
+        limit = self.max_messages
+        while pos < end:
+            if b[pos] != REPLY or len(out) == limit or pos + 13 > end:
+                return None
+            rid, n = _ID_LEN(b, pos + 1)
+            stop = pos + 13 + n
+            if stop > end:
+                return None
+            append((REPLY, rid, b[pos + 13 : stop]))
+            pos = stop
+        return out
+
+    def _items(self, b: bytes, pos: int, end: int) -> list[tuple] | None:
+        """``_replies`` for a frame of StreamItems (the layout of a Reply), Replies among
+        them: a stream's items come in such frames. Kept apart so that a frame of replies
+        pays nothing for streams."""
         out = []
         append = out.append
         limit = self.max_messages
         while pos < end:
             kind = b[pos]
-            if (kind != REPLY and kind != STREAM_ITEM) or len(out) == limit or pos + 13 > end:
+            if (kind != STREAM_ITEM and kind != REPLY) or len(out) == limit or pos + 13 > end:
                 return None
             rid, n = _ID_LEN(b, pos + 1)
             stop = pos + 13 + n
