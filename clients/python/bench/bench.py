@@ -9,6 +9,9 @@ All on one connection, measurements interleaved round by round, medians reported
   (``asyncio.gather`` of that many, again and again);
 - ``sequential``: one ``await Client.call`` after the other;
 - ``batch``: ``Client.call_batch`` of 100,000 items (chunks of 128), five in a row;
+- ``stream``: the echo server's ``echo``/``repeat`` server stream of 100,000 items, five in a
+  row, read with ``async for`` through the default window (not measured for a baseline without
+  streams);
 - ``socket``: the floor — the same bytes as the batch's frames written to a plain asyncio TCP
   echo server (a Python process of its own, a blocking loop) and read back, five times, with no
   protocol work at all: what a bare Python socket loop moves.
@@ -90,6 +93,21 @@ async def batch(volley, client, item: bytes, repeat: int = REPEAT) -> tuple[floa
     return repeat * BATCH / (time.perf_counter() - start), cpu / (repeat * BATCH) * 1e6
 
 
+async def stream(volley, client, item: bytes, repeat: int = REPEAT) -> tuple[float, float]:
+    """Items per second through a server stream (the echo server's ``echo``/``repeat``:
+    100,000 copies of the item, the default window), and this process's CPU time per item."""
+    repeat_method = volley.Method("echo", "repeat")
+    request = BATCH.to_bytes(4, "little") + item
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(repeat):
+        n = 0
+        async for got in client.stream(repeat_method, request):
+            n += 1
+        assert n == BATCH and got == item
+    cpu = time.process_time() - cpu
+    return repeat * BATCH / (time.perf_counter() - start), cpu / (repeat * BATCH) * 1e6
+
+
 def plain_echo_server() -> tuple[subprocess.Popen, int]:
     """A bare TCP echo server in a process of its own (as the Rust server runs apart; on a
     thread of this process it would compete for the GIL with the loop it is measured against).
@@ -137,6 +155,8 @@ async def one_round(address: str, port: int, payload: int, window: int) -> dict[
         out["concurrent"], out["concurrent CPU µs"] = await concurrent(volley, client, item, window)
         out["sequential"], out["sequential CPU µs"] = await sequential(volley, client, item)
         out["batch"], out["batch CPU µs"] = await batch(volley, client, item)
+        if hasattr(client, "stream"):  # a baseline from before streams has none
+            out["stream"], out["stream CPU µs"] = await stream(volley, client, item)
     out["socket"] = await socket_floor(proto, port, item)
     return out
 
@@ -168,10 +188,10 @@ def main(args: argparse.Namespace) -> None:
     # The gain: after / before for rates, before / after for CPU per call (less is better).
     print(f"{'':20}" + "".join(f"{n:>14}" for n in names) + ("      gain" if len(names) == 2 else ""))
     for k in figures["after"]:
-        med = [statistics.median(figures[n][k]) for n in names]
+        med = [statistics.median(figures[n][k]) if k in figures[n] else None for n in names]
         fmt = "{:14,.3f}" if "CPU" in k else "{:14,.0f}"
-        line = f"{k:20}" + "".join(fmt.format(m) for m in med)
-        if len(med) == 2:
+        line = f"{k:20}" + "".join(f"{'-':>14}" if m is None else fmt.format(m) for m in med)
+        if len(med) == 2 and None not in med:
             line += f"      {(med[0] / med[1] if 'CPU' in k else med[1] / med[0]):.2f}x"
         print(line)
     for n in names:

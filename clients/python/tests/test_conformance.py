@@ -18,6 +18,7 @@ from volley.hashing import HashRing, stable_hash
 from volley.proto import Extensions, WireError
 
 from conftest import CONFORMANCE, Running, python_server, serve_echo, volley_bin
+from test_streams import REPEAT, repeat
 
 WIRE = json.loads((CONFORMANCE / "wire.json").read_text())
 ROUTING = json.loads((CONFORMANCE / "routing.json").read_text())
@@ -148,7 +149,7 @@ def python_echo_server(tmp_path_factory):
     sock = tmp_path_factory.mktemp("conformance") / "echo.sock"
 
     def make():
-        return Server().handle(Method("echo", "echo"), lambda payload: payload)
+        return Server().handle(Method("echo", "echo"), lambda payload: payload).handle_stream(REPEAT, repeat)
 
     with python_server(make, "tcp://127.0.0.1:0", f"unix://{sock}") as (tcp, unix):
         yield {"tcp": tcp, "unix": unix}
@@ -163,20 +164,26 @@ def run_conformance(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([volley_bin(), "conformance", *args], capture_output=True, text=True, timeout=300)
 
 
-def passed_cases(out: subprocess.CompletedProcess, section: str) -> None:
-    """Checks that a runner passed every case of ``section`` and said so."""
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"{len(WIRE[section])} cases, 0 failed" in out.stdout, out.stdout
+# The stream cases the runner plays against a server that announces STREAMS and serves
+# echo/repeat (PROTOCOL.md §19), as the Rust server and this fixture's Python server do.
+STREAM_CASES = 4
+STREAM_CASE_NAMES = [
+    "a server stream sends no item beyond its credit, the rest as credit comes, then StreamEnd",
+    "an empty server stream ends with StreamEnd",
+    "a cancelled server stream sends no item after the Cancel",
+    "a StreamOpen of a single-call method is answered Error(BadRequest)",
+]
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 def test_the_python_server_passes_the_conformance_runner(python_echo_server, transport):
-    passed_cases(run_conformance("server", python_echo_server[transport]), "echo_server")
-
-
-# The stream cases the runner plays against a server that announces STREAMS and serves
-# echo/repeat, as the Rust server does (the Python server announces no STREAMS: not played).
-STREAM_CASES = 4
+    """Every server case, the stream cases included: the runner is a Rust client of the
+    Python server's streams (credit, an empty stream, cancel, the wrong shape)."""
+    out = run_conformance("server", python_echo_server[transport])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(WIRE['echo_server']) + STREAM_CASES} cases, 0 failed" in out.stdout, out.stdout
+    for case in STREAM_CASE_NAMES:
+        assert f"ok      {case}" in out.stdout, out.stdout
 
 
 def test_the_rust_server_passes_the_conformance_runner(echo_server):
@@ -210,7 +217,9 @@ def test_the_python_server_passes_every_server_case_and_the_graceful_stop(tmp_pa
         address = re_.match(r"serving on (\S+)", proc.stdout.readline()).group(1)
         out = run_conformance("server", address, "--stop-command", f"kill -INT {proc.pid}")
         assert out.returncode == 0, out.stdout + out.stderr
-        assert f"{len(WIRE['echo_server']) + 1} cases, 0 failed" in out.stdout, out.stdout
+        # It takes streams but serves no echo/repeat: of the stream cases, only the one that
+        # opens echo/echo as a stream is played; the graceful stop is the last case.
+        assert f"{len(WIRE['echo_server']) + 1 + 1} cases, 0 failed, 3 not played" in out.stdout, out.stdout
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:

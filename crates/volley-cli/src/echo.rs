@@ -4,10 +4,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use volley::bytes::Bytes;
 use volley::discovery::InstanceSpec;
 use volley::registry::{LeaseConfig, Registry};
-use volley::{ClientConfig, Method, Server, ServerBuilder, Status};
+use volley::{
+    BidiStreamMethod, ClientConfig, ClientStreamMethod, Incoming, Method, Server, ServerBuilder, Status,
+};
 
 use crate::call_record::CallRecord;
 use crate::refusal;
@@ -82,13 +85,28 @@ fn recording_server(
             Ok(b)
         }),
     };
-    // The conformance runner's stream cases open `echo`/`repeat` (PROTOCOL.md §19).
-    let builder = if service == ECHO.service() {
-        volley_conformance::server_streams::serve_repeat(builder)
-    } else {
-        builder
-    };
+    // The conformance runner's stream cases open `echo`/`repeat`; other languages' clients
+    // check their client and both-way streams against `gather` and `each` (PROTOCOL.md §19).
+    let builder = if service == ECHO.service() { serve_streams(builder) } else { builder };
     configure(builder).build()
+}
+
+/// `echo`/`gather`, a client stream: its items joined, as one reply.
+pub const GATHER: ClientStreamMethod<Bytes, Bytes> = ClientStreamMethod::new("echo", "gather");
+/// `echo`/`each`, both ways: each item back, in order.
+pub const EACH: BidiStreamMethod<Bytes, Bytes> = BidiStreamMethod::new("echo", "each");
+
+/// The echo service's stream methods, one of each shape.
+fn serve_streams(builder: ServerBuilder) -> ServerBuilder {
+    volley_conformance::server_streams::serve_repeat(builder)
+        .handle_client_stream(&GATHER, |mut items: Incoming<Bytes>| async move {
+            let mut all = Vec::new();
+            while let Some(item) = items.next().await {
+                all.extend_from_slice(&item?);
+            }
+            Ok(Bytes::from(all))
+        })
+        .handle_bidi_stream(&EACH, |items: Incoming<Bytes>| async move { Ok(items) })
 }
 
 /// Security settings of `volley serve-echo`.

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from . import client as aio
 
 
 class Client:
-    """``volley.Client``'s ``call``, ``call_batch`` and ``ping``, blocking."""
+    """``volley.Client``'s ``call``, ``call_batch``, ``stream``, ``client_stream`` and
+    ``ping``, blocking."""
 
     def __init__(self, address: str, **options: Any):
         self._loop = asyncio.new_event_loop()
@@ -37,6 +38,27 @@ class Client:
 
     def call_batch(self, method, requests, **options: Any) -> list[Any]:
         return self._run(_awaited(self._client.call_batch, method, requests, **options))
+
+    def stream(self, method, request: Any, **options: Any) -> Iterator[Any]:
+        """``volley.Client.stream``, blocking: a generator of the server's items (each one
+        hop to the client's thread and back). Closing the generator before the end (``close``,
+        or leaving a ``for`` loop and dropping it) cancels the stream."""
+        items = self._client.stream(method, request, **options)
+        try:
+            while True:
+                try:
+                    item = self._run(items.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if self._loop.is_running():
+                self._run(items.aclose())
+
+    def client_stream(self, method, requests, **options: Any) -> Any:
+        """``volley.Client.client_stream``, blocking; ``requests`` is iterated on the client's
+        thread, so it should not block."""
+        return self._run(self._client.client_stream(method, requests, **options))
 
     def ping(self, **options: Any) -> float:
         return self._run(self._client.ping(**options))

@@ -18,9 +18,9 @@ import asyncio
 import itertools
 import ssl as ssl_module
 import struct
-from typing import Any, Awaitable, Iterable
+from typing import Any, AsyncIterable, Awaitable, Iterable
 
-from . import batch, proto
+from . import batch, proto, streams
 from .address import open_connection, parse
 from .codec import RAW, Method
 from .connection import Connection
@@ -260,6 +260,45 @@ class Client:
         await call.run(frames, deadline)
         return batch.results(method, prepared, call)
 
+    def stream(
+        self,
+        method: Method,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        window: int = streams.DEFAULT_WINDOW,
+    ) -> streams.ItemStream:
+        """Opens server stream ``method`` with ``request`` (PROTOCOL.md §9.9): an async
+        iterator of the server's items, decoded with ``method.reply``. The server may send
+        ``window`` items ahead of the reader; credit goes back as items are read. ``timeout``
+        bounds the whole stream (none by default) and travels to the server. The stream opens
+        with the first item asked for (or ``async with``); an ``Error`` from the server is
+        raised after the items before it; ``aclose()``, leaving ``async with`` or dropping
+        the iterator early sends ``Cancel``."""
+        return streams.ItemStream(self, method, proto.SHAPE_SERVER, request, None, timeout, window)
+
+    async def client_stream(
+        self, method: Method, requests: Iterable[Any] | AsyncIterable[Any], *, timeout: float | None = None
+    ) -> Any:
+        """Calls client stream ``method`` (§9.9): sends each of ``requests`` (an iterable or
+        an async iterable) as an item, as the server grants credit, then waits for the one
+        reply. ``timeout`` bounds the whole stream (none by default)."""
+        return await streams.client_stream(self, method, requests, timeout)
+
+    def bidi_stream(
+        self,
+        method: Method,
+        requests: Iterable[Any] | AsyncIterable[Any],
+        *,
+        timeout: float | None = None,
+        window: int = streams.DEFAULT_WINDOW,
+    ) -> streams.ItemStream:
+        """Opens both-way stream ``method`` (§9.9): a task sends ``requests`` (an iterable or
+        an async iterable, say an async generator reading a queue) as the server grants
+        credit, while the returned async iterator reads the server's items, as ``stream``'s
+        does."""
+        return streams.ItemStream(self, method, proto.SHAPE_BOTH, None, requests, timeout, window)
+
     async def ping(self, timeout: float | None = None) -> float:
         """Sends a Ping and waits for its Pong (§9.5); returns the round trip in seconds."""
         budget = self._budget(timeout)
@@ -280,6 +319,11 @@ class Client:
     def server_accepts_extensions(self) -> bool | None:
         """Whether the current connection's server announced EXTENSIONS (None: no connection)."""
         return self._conn.extensions if self._conn is not None else None
+
+    @property
+    def server_accepts_streams(self) -> bool | None:
+        """Whether the current connection's server announced STREAMS (None: no connection)."""
+        return self._conn.streams if self._conn is not None else None
 
     async def close(self, timeout: float | None = None) -> None:
         """Half-closes (§9.6.1): the calls already sent get their answers (waited for up to

@@ -36,7 +36,19 @@ from .errors import (
     code_name,
     error_for,
 )
-from .proto import BATCH_REPLY, ERROR, GOAWAY, PING, PONG, REPLY, WireError
+from .proto import (
+    BATCH_REPLY,
+    ERROR,
+    GOAWAY,
+    PING,
+    PONG,
+    REPLY,
+    STREAM_CREDIT,
+    STREAM_END,
+    STREAM_ITEM,
+    WireError,
+)
+from .streams import ClientStream
 
 _TIMED_OUT = "the call's deadline passed before an answer"
 
@@ -62,8 +74,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.token = token
         self.decoder = Decoder()
-        # id -> the future of the call waiting for it, or the BatchCall of a batch's chunk.
-        self.pending: dict[int, Call | BatchCall] = {}
+        # id -> the future of the call waiting for it, the BatchCall of a batch's chunk, or
+        # the ClientStream of an open stream.
+        self.pending: dict[int, Call | BatchCall | ClientStream] = {}
         # The single calls' deadlines, a heap of (deadline, id, call), and the one loop timer
         # armed for the earliest (when it fires: ``timer_at``).
         self.deadlines: list[tuple[float, int, Call]] = []
@@ -79,6 +92,7 @@ class Connection(asyncio.Protocol):
         # Whether the socket's send buffer is full (the server is not reading): calls wait.
         self.paused = False
         self.extensions = False
+        self.streams = False  # whether the server takes streams (§4.4)
         # Why no new call may use this connection (a GoAway, a failure, a close), or None.
         self.dead: str | None = None
         self.goaway: tuple[int, str] | None = None
@@ -122,6 +136,12 @@ class Connection(asyncio.Protocol):
                     continue
                 if entry is not None:
                     pending[m[1]] = entry
+            elif m[0] == STREAM_ITEM:
+                # An item of a stream: to its queue, here too (a stream's per-item cost).
+                entry = pending.get(m[1])
+                if type(entry) is ClientStream:
+                    entry.on_item(m[2])
+                continue
             self._dispatch(m)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -164,6 +184,7 @@ class Connection(asyncio.Protocol):
             return b""
         features = proto.check_preamble(self._head)
         self.extensions = bool(features & proto.FEATURE_EXTENSIONS)
+        self.streams = bool(features & proto.FEATURE_STREAMS)
         rest = self._head[proto.PREAMBLE_LEN :]
         self._head = b""
         self.ready.set_result(features)
@@ -175,6 +196,9 @@ class Connection(asyncio.Protocol):
             entry = self.pending.pop(m[1], None)
             if entry is None or entry.done():
                 return
+            if type(entry) is ClientStream:
+                entry.on_end(kind, m)
+                return
             batch = type(entry) is BatchCall
             if kind == BATCH_REPLY and batch:
                 entry.answer(m[1], m[2], m[3])
@@ -185,6 +209,15 @@ class Connection(asyncio.Protocol):
             else:
                 asked, got = ("BatchRequest", "Reply") if batch else ("Request", "BatchReply")
                 _failed(entry, m[1], ProtocolViolationError(f"the server answered a {asked} with a {got}"))
+        elif kind == STREAM_CREDIT:
+            entry = self.pending.get(m[1])
+            if type(entry) is ClientStream:
+                entry.on_credit(m[2])
+        elif kind == STREAM_END:
+            entry = self.pending.get(m[1])
+            if type(entry) is ClientStream and entry.shape != proto.SHAPE_CLIENT:
+                del self.pending[m[1]]
+                entry.on_end(kind, m)
         elif kind == PING:
             self.send(proto.pong_message(m[1]))
         elif kind == PONG:
@@ -195,7 +228,8 @@ class Connection(asyncio.Protocol):
             # No new calls here; keep reading until the server closes (§9.6).
             self.goaway = (m[1], m[2])
             self.dead = f"the server sent GoAway({code_name(m[1])}): {m[2]}"
-        # Request, Cancel and Auth from a server are ignored (§9.1).
+        # Request, Cancel and Auth from a server are ignored (§9.1), and so are a StreamOpen
+        # and stream messages for ids that are not open streams (§9.9).
 
     def _ending_error(self, exc: Exception | None) -> Exception:
         """What the calls still waiting fail with when the connection ends."""
@@ -300,11 +334,12 @@ class Connection(asyncio.Protocol):
             self.pending.update(dict.fromkeys(call.rids, call))
 
     def waiting(self) -> set[asyncio.Future]:
-        """The futures of the calls still waiting (a batch's chunks share one)."""
+        """The futures of the calls still waiting (a batch's chunks share one); not streams,
+        which a server ends once the client has half-closed (§9.9)."""
         return {
             entry if type(entry) is Call else entry.future
             for entry in self.pending.values()
-            if not entry.done()
+            if not entry.done() and type(entry) is not ClientStream
         }
 
     def forget(self, rid: int, cancel: bool) -> None:

@@ -27,6 +27,10 @@ from .proto import (
     PONG,
     REPLY,
     REQUEST,
+    STREAM_CREDIT,
+    STREAM_END,
+    STREAM_ITEM,
+    STREAM_OPEN,
     WireError,
     parse_extensions,
 )
@@ -36,6 +40,7 @@ _U32 = struct.Struct("<I").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
 _ID_LEN = struct.Struct("<QI").unpack_from
 _CODE_LEN = struct.Struct("<HI").unpack_from
+_SHAPE_CREDIT_LEN = struct.Struct("<BII").unpack_from
 
 TRUNCATED = "malformed message: message runs past the end of its frame"
 BATCH_ITEM_PAST_END = "malformed message: batch item runs past the end of its message"
@@ -112,6 +117,7 @@ class Decoder:
         replies = (
             self._replies(b, start, end) if kind == REPLY
             else self._uniform_replies(b, start, end) if kind == BATCH_REPLY
+            else self._items(b, start, end) if kind == STREAM_ITEM
             else None
         )
         return replies if replies is not None else self.frame(b[start:end])
@@ -131,6 +137,25 @@ class Decoder:
             if stop > end:
                 return None
             append((REPLY, rid, b[pos + 13 : stop]))
+            pos = stop
+        return out
+
+    def _items(self, b: bytes, pos: int, end: int) -> list[tuple] | None:
+        """``_replies`` for a frame of StreamItems (the layout of a Reply), Replies among
+        them: a stream's items come in such frames. Kept apart so that a frame of replies
+        pays nothing for streams."""
+        out = []
+        append = out.append
+        limit = self.max_messages
+        while pos < end:
+            kind = b[pos]
+            if (kind != STREAM_ITEM and kind != REPLY) or len(out) == limit or pos + 13 > end:
+                return None
+            rid, n = _ID_LEN(b, pos + 1)
+            stop = pos + 13 + n
+            if stop > end:
+                return None
+            append((kind, rid, b[pos + 13 : stop]))
             pos = stop
         return out
 
@@ -173,8 +198,17 @@ class Decoder:
             rid, n = _ID_LEN(b, pos)
             pos += 12
             return (REPLY, rid, b[pos : pos + n]), _past(b, pos + n)
-        if kind == REQUEST or kind == BATCH_REQUEST:
+        if kind == REQUEST or kind == BATCH_REQUEST or kind == STREAM_OPEN:
             return self.addressed(kind, b, pos)
+        if kind == STREAM_ITEM:
+            rid, n = _ID_LEN(b, pos)
+            pos += 12
+            return (STREAM_ITEM, rid, b[pos : pos + n]), _past(b, pos + n)
+        if kind == STREAM_END:
+            return (STREAM_END, _U64(b, pos)[0]), pos + 8
+        if kind == STREAM_CREDIT:
+            rid, n = _ID_LEN(b, pos)
+            return (STREAM_CREDIT, rid, n), pos + 12
         if kind == ERROR:
             rid = _U64(b, pos)[0]
             code, n = _CODE_LEN(b, pos + 8)
@@ -197,7 +231,8 @@ class Decoder:
         raise WireError(f"unknown message kind 0x{kind:02x}")
 
     def addressed(self, kind: int, b: bytes, pos: int) -> tuple[tuple, int]:
-        """Request and BatchRequest: flags, id, names, extensions, then the payload(s)."""
+        """Request, BatchRequest and StreamOpen: flags, id, names, extensions, then the
+        payload(s) (a StreamOpen's shape and credit first)."""
         flags = b[pos]
         rid = _U64(b, pos + 1)[0]
         pos += 9
@@ -216,6 +251,11 @@ class Decoder:
             n = _U32(b, pos)[0]
             pos += 4
             return (REQUEST, flags, rid, service, method, ext, b[pos : _past(b, pos + n)]), pos + n
+        if kind == STREAM_OPEN:
+            shape, credit, n = _SHAPE_CREDIT_LEN(b, pos)
+            pos += 9
+            payload = b[pos : _past(b, pos + n)]
+            return (STREAM_OPEN, flags, rid, service, method, ext, shape, credit, payload), pos + n
         count = _U32(b, pos)[0]
         if count > self.max_batch_items:
             raise WireError(f"batch message carries more than {self.max_batch_items} items")

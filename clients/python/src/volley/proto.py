@@ -10,6 +10,8 @@ of every complete frame, as tuples whose first element is the kind:
     (BATCH_REPLY, id, [item, ...], failed)   item: payload (bytes) or (code, message);
                                         failed: how many items are errors
     (CANCEL, id)   (PING, token)   (PONG, token)   (GOAWAY, code, message)   (AUTH, token)
+    (STREAM_OPEN, flags, id, service, method, extensions, shape, credit, payload)
+    (STREAM_ITEM, id, payload)   (STREAM_END, id)   (STREAM_CREDIT, id, credit)
 
 ``extensions`` is an ``Extensions`` (or ``NO_EXTENSIONS``). Every limit of §5.2 is checked and
 every violation of §10 raises ``WireError`` with the reason a GoAway carries.
@@ -26,8 +28,13 @@ MAGIC = b"VLLY"
 VERSION = 1
 PREAMBLE_LEN = 8
 FEATURE_EXTENSIONS = 0x01
+FEATURE_STREAMS = 0x02
 
 REQUEST, REPLY, ERROR, CANCEL, PING, PONG, GOAWAY, BATCH_REQUEST, BATCH_REPLY, AUTH = range(1, 11)
+# Streams (§6.12-§6.15): a block of their own, used only toward a server announcing STREAMS.
+STREAM_OPEN, STREAM_ITEM, STREAM_END, STREAM_CREDIT = range(0x10, 0x14)
+# The shape byte of a StreamOpen: one request and items back, items and one reply, both ways.
+SHAPE_SERVER, SHAPE_CLIENT, SHAPE_BOTH = 1, 2, 3
 
 FLAG_IDEMPOTENT = 0x01
 FLAG_EXTENSIONS = 0x02
@@ -223,6 +230,32 @@ def batch_reply_message(rid: int, items: list[tuple]) -> bytes:
             parts.append(struct.pack("<BHI", 1, item[1], len(t)))
             parts.append(t)
     return b"".join(parts)
+
+
+def stream_open_message(
+    rid: int, flags: int, names: bytes, shape: int, credit: int, payload: bytes, ext: Extensions | None = None
+) -> bytes:
+    """Opens stream ``rid`` (§6.12): ``credit`` items the server may send before more credit;
+    ``payload`` is a server stream's request (empty for the other shapes)."""
+    head = addressed(STREAM_OPEN, flags, rid, names, ext)
+    return b"".join((head, _SHAPE_CREDIT_LEN.pack(shape, credit, len(payload)), payload))
+
+
+_SHAPE_CREDIT_LEN = struct.Struct("<BII")
+_ITEM = struct.Struct("<BQI")
+_CREDIT = struct.Struct("<BQI")
+
+
+def stream_item_message(rid: int, payload: bytes) -> bytes:
+    return _ITEM.pack(STREAM_ITEM, rid, len(payload)) + payload
+
+
+def stream_end_message(rid: int) -> bytes:
+    return _ID.pack(STREAM_END, rid)
+
+
+def stream_credit_message(rid: int, credit: int) -> bytes:
+    return _CREDIT.pack(STREAM_CREDIT, rid, credit)
 
 
 def cancel_message(rid: int) -> bytes:

@@ -34,6 +34,8 @@ from .errors import Code, CodecError, RemoteError, UsageError
 from .outbox import Counters
 from .registry import InstanceSpec, Lease, Registry
 from .server_connection import ServerConnection
+from .server_streams import StreamRoute, shape_name
+from . import proto
 
 Handler = Callable[[Any], Any]
 
@@ -135,6 +137,8 @@ class Server:
         tokens = token if isinstance(token, list) else [token] if token is not None else []
         self.tokens = [t.encode() if isinstance(t, str) else t for t in tokens]
         self.routes: dict[tuple[str, str], Route] = {}
+        # Stream methods (§9.9); like the Rust server's, not listed by reflection.
+        self.stream_routes: dict[tuple[str, str], StreamRoute] = {}
         self.services: set[str] = set()
         self.connections: set[ServerConnection] = set()
         self.addresses: list[str] = []
@@ -162,11 +166,30 @@ class Server:
         """Serves ``method`` a batch at a time: ``handler([request, ...]) -> [result, ...]``."""
         return self._add(Route(method, handler, batch=True, expose_errors=self.expose_errors))
 
-    def _add(self, route: Route) -> "Server":
+    def handle_stream(self, method: Method, handler: Handler) -> "Server":
+        """Serves server stream ``method`` (§9.9): ``handler(request)`` returns its items, as
+        an async iterable (an async generator, say) or an iterable, or a coroutine of one.
+        Items are pulled only while the caller's credit lasts; a cancel, the stream's
+        deadline or a shutdown closes the generator. Raise a ``RemoteError`` to end the
+        stream with that error after the items already sent."""
+        return self._add(StreamRoute(method, handler, proto.SHAPE_SERVER, self.expose_errors))
+
+    def handle_client_stream(self, method: Method, handler: Handler) -> "Server":
+        """Serves client stream ``method`` (§9.9): ``handler(requests)`` reads the caller's
+        items from ``requests`` (``async for``; reading grants the caller room for more) and
+        returns the one reply (or a coroutine of it)."""
+        return self._add(StreamRoute(method, handler, proto.SHAPE_CLIENT, self.expose_errors))
+
+    def handle_bidi_stream(self, method: Method, handler: Handler) -> "Server":
+        """Serves both-way stream ``method`` (§9.9): ``handler(requests)`` reads the caller's
+        items from ``requests`` and returns its own items, as ``handle_stream``'s does."""
+        return self._add(StreamRoute(method, handler, proto.SHAPE_BOTH, self.expose_errors))
+
+    def _add(self, route: Route | StreamRoute) -> "Server":
         key = (route.method.service, route.method.name)
-        if key in self.routes:
+        if key in self.routes or key in self.stream_routes:
             raise UsageError(f"{key[0]}/{key[1]} already has a handler")
-        self.routes[key] = route
+        (self.stream_routes if isinstance(route, StreamRoute) else self.routes)[key] = route
         self.services.add(route.method.service)
         return self
 
@@ -199,9 +222,28 @@ class Server:
             if r is not None:
                 return r
             return (Code.UNKNOWN_METHOD, f'service "{service}" has no method "{method}"')
+        stream = self.stream_routes.get((service, method))
+        if stream is not None:
+            return (Code.BAD_REQUEST, f"{service}/{method} is {shape_name(stream.shape)}: it is opened with StreamOpen")
         if service in self.services:
             return (Code.UNKNOWN_METHOD, f'service "{service}" has no method "{method}"')
         return (Code.UNKNOWN_SERVICE, f'no service named "{service}"')
+
+    def stream_route(self, service: str, method: str, shape: int) -> StreamRoute | tuple[int, str]:
+        """The route of a stream opened as ``shape``, or the error its open is answered with."""
+        r = self.stream_routes.get((service, method))
+        if r is not None:
+            if r.shape == shape:
+                return r
+            return (
+                Code.BAD_REQUEST,
+                f"{service}/{method} is {shape_name(r.shape)} (shape {r.shape}); "
+                f"it was opened as {shape_name(shape)} ({shape})",
+            )
+        single = self.route(service, method)
+        if isinstance(single, tuple):
+            return single
+        return (Code.BAD_REQUEST, f"{service}/{method} is a single-call method, not a stream (shape {shape})")
 
     def set_serving(self, service: str, serving: bool, reason: str = "") -> None:
         """Marks ``service`` as taking new calls or not (``volley.health`` answers

@@ -19,7 +19,22 @@ from . import proto
 from .decoder import Decoder
 from .errors import Code
 from .outbox import Outbox
-from .proto import AUTH, BATCH_REPLY, BATCH_REQUEST, ERROR, PING, REPLY, REQUEST, WireError
+from .proto import (
+    AUTH,
+    BATCH_REPLY,
+    BATCH_REQUEST,
+    CANCEL,
+    ERROR,
+    PING,
+    REPLY,
+    REQUEST,
+    STREAM_CREDIT,
+    STREAM_END,
+    STREAM_ITEM,
+    STREAM_OPEN,
+    WireError,
+)
+from .server_streams import IN_WINDOW, ServerStream
 
 if TYPE_CHECKING:
     from .server import Server
@@ -41,6 +56,8 @@ class ServerConnection(asyncio.Protocol):
         self.authed = not server.tokens
         # Handler runs not finished yet: their answers are still to come.
         self.tasks: set[asyncio.Task] = set()
+        # The streams open on this connection, by id (§9.9).
+        self.streams: dict[int, ServerStream] = {}
         self.stopped = False  # reads nothing more (a GoAway is on its way, or the peer closed)
         self.leaving = False  # a GoAway is on its way
         self.goaway_sent = False
@@ -52,12 +69,13 @@ class ServerConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.write(proto.preamble(proto.FEATURE_EXTENSIONS))
+        transport.write(proto.preamble(proto.FEATURE_EXTENSIONS | proto.FEATURE_STREAMS))
         if self.server.closing:
             self._leave(Code.SHUTTING_DOWN, "server is shutting down")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stopped = True
+        self._stop_streams()
         self.server.connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
@@ -86,6 +104,8 @@ class ServerConnection(asyncio.Protocol):
         ends inside a frame is broken: the answers already due still go, but no GoAway."""
         if not self.stopped:
             self.stopped = True
+            # A half-closed client can send neither credit nor Cancel: its streams end (§9.9).
+            self._stop_streams()
             self._spawn(self._finish())
         return True  # keep the write side open for the answers
 
@@ -113,6 +133,25 @@ class ServerConnection(asyncio.Protocol):
                 run.append(m)
             elif kind == BATCH_REQUEST:
                 self._serve_batch(m)
+            elif kind == STREAM_ITEM:
+                stream = self.streams.get(m[1])
+                if stream is not None:
+                    stream.on_item(m[2])
+            elif kind == STREAM_CREDIT:
+                stream = self.streams.get(m[1])
+                if stream is not None:
+                    stream.on_credit(m[2])
+            elif kind == STREAM_OPEN:
+                self._open_stream(m)
+            elif kind == STREAM_END:
+                stream = self.streams.get(m[1])
+                if stream is not None:
+                    stream.on_end()
+            elif kind == CANCEL:
+                # Advisory for a call; a stream's producer stops, and sends nothing more.
+                stream = self.streams.get(m[1])
+                if stream is not None:
+                    stream.stop()
             elif kind == PING:
                 self.outbox.send(proto.pong_message(m[1]))
             elif kind in (REPLY, ERROR, BATCH_REPLY):
@@ -120,7 +159,8 @@ class ServerConnection(asyncio.Protocol):
                     self._serve_run(run)
                 self._leave(Code.PROTOCOL, "malformed message: a client sent a reply to the server")
                 return
-            # Cancel (advisory), Pong, a client's GoAway and a later Auth change nothing (§9).
+            # Pong, a client's GoAway and a later Auth change nothing (§9); nor do stream
+            # messages for ids that are not open streams (§9.9).
         if run:
             self._serve_run(run)
 
@@ -166,6 +206,37 @@ class ServerConnection(asyncio.Protocol):
             message = proto.error_message(rid, Code.TOO_LARGE, "the batch reply does not fit in a frame")
         self.outbox.send(message)
 
+    def _open_stream(self, m: tuple) -> None:
+        """Opens stream ``m`` (a StreamOpen, §6.12), or answers why it cannot be."""
+        _, _, rid, service, method, ext, shape, credit, payload = m
+        route = self.server.stream_route(service, method, shape)
+        if isinstance(route, tuple):
+            self.outbox.send(proto.error_message(rid, *route))
+            return
+        if rid in self.streams:
+            self.outbox.send(proto.error_message(rid, Code.BAD_REQUEST, f"stream id {rid:#x} is open already"))
+            return
+        stream = ServerStream(self, rid, route, credit)
+        self.streams[rid] = stream
+        if shape != proto.SHAPE_SERVER:
+            # A stream that takes the client's items grants it its first window at once.
+            stream.in_allowance = IN_WINDOW
+            self.outbox.send(proto.stream_credit_message(rid, IN_WINDOW))
+        if ext.deadline_micros is not None:
+            stream.timer = self.loop.call_later(ext.deadline_micros / 1e6, stream.expire)
+        task = self.loop.create_task(stream.run(payload))
+        stream.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _stop_streams(self) -> None:
+        for stream in list(self.streams.values()):
+            stream.stop()
+
+    def _fail_streams(self, code: int, message: str) -> None:
+        for stream in list(self.streams.values()):
+            stream.fail(code, message)
+
     def _spawn(self, coro) -> None:
         task = self.loop.create_task(coro)
         self.tasks.add(task)
@@ -195,6 +266,8 @@ class ServerConnection(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         self.stopped = True
+        # Streams may last for ever: they end first, with the GoAway's reason (§9.9).
+        self._fail_streams(code, message)
         await self._drain_handlers()
         if self.goaway_sent:  # a shutdown and a protocol error can both end a connection
             return
@@ -205,7 +278,11 @@ class ServerConnection(asyncio.Protocol):
         if t.is_closing():
             return
         if t.can_write_eof():
-            t.write_eof()
+            try:
+                t.write_eof()
+            except OSError:  # the client is gone already: nothing to linger for
+                t.close()
+                return
             self.loop.call_later(LINGER, t.close)
         else:
             t.close()
