@@ -337,6 +337,8 @@ async fn graceful_shutdown(addr: &str) {
         .handle(&SLOW, move |x: u64| {
             counted.fetch_add(1, Ordering::SeqCst);
             async move {
+                // Work a shutdown must wait for: on the paused clock over inproc, on the
+                // machine's over real sockets.
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Ok(x + 1000)
             }
