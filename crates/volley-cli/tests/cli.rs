@@ -1,6 +1,11 @@
 //! The `volley` binary, end to end.
 
 use std::process::Command;
+use std::time::Duration;
+
+#[path = "../../volley/tests/support/wait.rs"]
+mod wait;
+use wait::{eventually_blocking, poll_blocking, try_poll_blocking};
 
 fn volley() -> Command {
     Command::new(env!("CARGO_BIN_EXE_volley"))
@@ -74,8 +79,8 @@ fn bench_drives_a_running_serve_echo() {
     };
     let addr = format!("tcp://127.0.0.1:{port}");
     let mut server = volley().args(["serve-echo", "--listen", &addr]).spawn().unwrap();
-    let mut ok = false;
-    for _ in 0..50 {
+    // Until serve-echo is up (checked at the end, once the server is killed).
+    let ok = eventually_blocking(Duration::from_secs(30), || {
         let out = volley()
             .args([
                 "bench",
@@ -95,11 +100,10 @@ fn bench_drives_a_running_serve_echo() {
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             assert_eq!(v["payload"], 100);
             assert!(v["calls"].as_u64().unwrap() > 0);
-            ok = true;
-            break;
+            return true;
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        false
+    });
     server.kill().unwrap();
     server.wait().unwrap();
     assert!(ok, "bench never reached serve-echo at {addr}");
@@ -216,15 +220,12 @@ impl Drop for Child {
 /// starting), and returns its stdout.
 fn retry_until_ok(args: &[&str]) -> Vec<u8> {
     let mut last = String::new();
-    for _ in 0..50 {
+    let out = try_poll_blocking(Duration::from_secs(10), || {
         let out = volley().args(args).output().unwrap();
-        if out.status.success() {
-            return out.stdout;
-        }
         last = String::from_utf8_lossy(&out.stderr).into_owned();
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    panic!("volley {args:?} kept failing: {last}");
+        out.status.success().then_some(out.stdout)
+    });
+    out.unwrap_or_else(|| panic!("volley {args:?} kept failing: {last}"))
 }
 
 #[test]
@@ -252,17 +253,12 @@ fn controller_serve_echo_ls_and_bench_through_the_registry() {
     );
 
     // `volley ls --json` lists the instance once it registered.
-    let mut listed = serde_json::Value::Null;
-    for _ in 0..50 {
+    let listed = poll_blocking(Duration::from_secs(30), "the echo server to register", || {
         let v: serde_json::Value =
             serde_json::from_slice(&retry_until_ok(&["ls", "--registry", &registry, "--json"])).unwrap();
         let found = v["services"].as_array().unwrap().iter().any(|s| s["name"] == name.as_str());
-        if found {
-            listed = v;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        found.then_some(v)
+    });
     let service = listed["services"]
         .as_array()
         .expect("the echo server never registered")

@@ -16,6 +16,10 @@ use volley::bytes::Bytes;
 use volley::service_client::ServiceConfig;
 use volley::{CallOptions, ClientConfig, Keepalive, Method, ServiceClient};
 
+#[path = "../../volley/tests/support/wait.rs"]
+mod wait;
+use wait::{eventually, wait_for, wait_until};
+
 const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
 
 /// A child process, continued (if it was stopped) and killed when dropped, so a failed
@@ -98,11 +102,11 @@ async fn a_frozen_instance_is_left_out_and_its_calls_fail_over() {
         .quarantine(Duration::from_millis(300));
     let client = ServiceClient::connect_with(&registry, config).await.unwrap();
     let t0 = Instant::now();
-    while client.instance_stats("echo").len() < 2 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "both instances never registered");
+    wait_for(Duration::from_secs(30), "both instances to register", async || {
         let _ = client.call(&ECHO, Bytes::from_static(b"hi")).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        client.instance_stats("echo").len() >= 2
+    })
+    .await;
     let progress = Arc::new(Progress {
         ok: AtomicU64::new(0),
         errors: AtomicU64::new(0),
@@ -133,13 +137,14 @@ async fn a_frozen_instance_is_left_out_and_its_calls_fail_over() {
         stats.iter().find(|s| s.address == addr).map_or(0, |s| s.attempts)
     };
     // Both instances take calls, then b freezes.
-    let t1 = Instant::now();
-    while attempts(&b_addr) < 1000 || attempts(&a_addr) < 1000 {
-        assert!(t1.elapsed() < Duration::from_secs(30), "the instances never got calls");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(Duration::from_secs(30), "both instances to take calls", || {
+        attempts(&b_addr) >= 1000 && attempts(&a_addr) >= 1000
+    })
+    .await;
     b.signal(libc::SIGSTOP);
     let frozen_at = Instant::now();
+    // Real time (a real process, frozen by a signal): the window in which the keepalive must
+    // find it out.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (b_seen, ok_seen) = (attempts(&b_addr), progress.ok.load(Relaxed));
     let window_end = t0.elapsed().as_millis() as u64;
@@ -147,16 +152,15 @@ async fn a_frozen_instance_is_left_out_and_its_calls_fail_over() {
         || -> Vec<usize> { (0..64).filter(|&i| progress.last_done[i].load(Relaxed) <= window_end).collect() };
     // At least 3 s of calls after the window; a caller held up past that is waited for up to
     // 12 s more, as a loaded machine can stretch the keepalive's ~1.1 s: a call left waiting on
-    // the frozen instance would wait out its own 30 s timeout, far beyond that.
+    // the frozen instance would wait out its own 30 s timeout, far beyond that. (Real time: the
+    // frozen instance is a real process.)
     tokio::time::sleep(Duration::from_secs(3)).await;
     // The frozen instance is looked at now: waited on much longer, its registration would
     // lapse and it would leave the list.
     let stats = client.instance_stats("echo");
     let b_after = attempts(&b_addr);
     let t2 = Instant::now();
-    while !stuck_now().is_empty() && t2.elapsed() < Duration::from_secs(12) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(12), || stuck_now().is_empty()).await;
     let calls_after = t2.elapsed() + Duration::from_secs(3);
     progress.stop.store(true, Relaxed);
     let stuck = stuck_now();

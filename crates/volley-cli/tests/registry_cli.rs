@@ -6,6 +6,10 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../volley/tests/support/wait.rs"]
+mod wait;
+use wait::{poll_blocking, wait_until_blocking};
+
 fn volley() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_volley"));
     // Settings from the environment would change what is tested.
@@ -62,13 +66,9 @@ fn run(args: &[&str]) -> (bool, String, Duration) {
         let _ = stderr.read_to_string(&mut s);
         s
     });
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "volley {args:?} still running after 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = poll_blocking(Duration::from_secs(30), &format!("volley {args:?} to exit"), || {
+        child.0.try_wait().unwrap()
+    });
     (status.success(), reader.join().unwrap(), t0.elapsed())
 }
 
@@ -123,17 +123,12 @@ fn a_wrong_token_ends_serve_echo_ls_and_bench_at_once_naming_the_flag() {
             .unwrap(),
     );
     let bench = ["bench", "--connect", &addr, "--duration", "0.2", "--warmup", "0", "--token", "wrong"];
-    let t0 = Instant::now();
-    loop {
-        // The server may still be starting: a refused connection is not what is tested.
+    // The server may still be starting: a refused connection is not what is tested.
+    wait_until_blocking(Duration::from_secs(20), "bench to be refused for its token", || {
         let (ok, stderr, _) = run(&bench);
         assert!(!ok, "{stderr}");
-        if stderr.contains("--token") {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "{stderr}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        stderr.contains("--token")
+    });
     assert_refused(&bench, "--token", "not accepted");
 }
 
@@ -195,17 +190,12 @@ fn serve_echo_advertises_a_shm_address_and_bench_prefer_local_takes_it() {
     let serve = ["serve-echo", "--listen", "tcp://127.0.0.1:0", "--listen-local", &local, "--name", &name];
     let _echo =
         Child(volley().args(serve).args(["--registry", &registry]).stderr(Stdio::null()).spawn().unwrap());
-    let t0 = Instant::now();
-    let instance = loop {
+    let instance = poll_blocking(Duration::from_secs(30), "serve-echo to register", || {
         let out = volley().args(["ls", "--registry", &registry, "--json"]).output().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let listed = v["services"].as_array().unwrap().iter().find(|s| s["name"] == name.as_str()).cloned();
-        if let Some(s) = listed {
-            break s["instances"][0].clone();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "serve-echo never registered: {v}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        listed.map(|s| s["instances"][0].clone())
+    });
     assert!(instance["address"].as_str().unwrap().starts_with("tcp://127.0.0.1:"), "{instance}");
     assert_eq!(instance["local_addresses"], serde_json::json!([local]), "{instance}");
     assert!(instance["host_id"].as_str().is_some_and(|h| h.contains("/net:[")), "{instance}");
@@ -265,25 +255,19 @@ fn serve_echo_leaves_the_registry_and_exits_0_on_sigterm_and_sigint() {
         let mut echo = Child(
             volley().args(serve).args(["--registry", &registry]).stderr(Stdio::piped()).spawn().unwrap(),
         );
-        let t0 = Instant::now();
-        while listed(&registry, &name) == 0 {
-            assert!(t0.elapsed() < Duration::from_secs(30), "serve-echo never registered");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until_blocking(Duration::from_secs(30), "serve-echo to register", || {
+            listed(&registry, &name) > 0
+        });
         signal(&echo.0, sig);
-        let t0 = Instant::now();
-        while listed(&registry, &name) != 0 {
-            // The lease is 10 s: gone well before it means it deregistered itself.
-            assert!(t0.elapsed() < Duration::from_secs(5), "SIG{sig}: still listed after 5 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let status = loop {
-            if let Some(s) = echo.0.try_wait().unwrap() {
-                break s;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "SIG{sig}: serve-echo did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        // The lease is 10 s: gone well before it means it deregistered itself.
+        let gone =
+            wait_until_blocking(Duration::from_secs(5), &format!("SIG{sig}: the instance to leave"), || {
+                listed(&registry, &name) == 0
+            });
+        let status =
+            poll_blocking(Duration::from_secs(30) - gone, &format!("SIG{sig}: serve-echo to exit"), || {
+                echo.0.try_wait().unwrap()
+            });
         let mut stderr = String::new();
         echo.0.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
         assert!(status.success(), "SIG{sig}: {status:?}\n{stderr}");
@@ -306,11 +290,7 @@ fn volley_health_asks_through_the_registry_and_a_watch_sees_the_drain() {
     echo_err.read_line(&mut first).unwrap();
     std::thread::spawn(move || std::io::copy(&mut echo_err, &mut std::io::sink()));
     let addr = first.split_whitespace().find(|w| w.starts_with("tcp://")).expect(&first).to_string();
-    let t0 = Instant::now();
-    while listed(&registry, &name) == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "serve-echo never registered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_blocking(Duration::from_secs(30), "serve-echo to register", || listed(&registry, &name) > 0);
 
     let out = volley().args(["health", "--registry", &registry, &name]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -337,13 +317,9 @@ fn volley_health_asks_through_the_registry_and_a_watch_sees_the_drain() {
     assert_eq!(out.status.code(), Some(1), "draining is not serving");
     // A second signal stops the instance at once; the watch's connection ends, and so does it.
     signal(&echo.0, "INT");
-    let t0 = Instant::now();
-    let code = loop {
-        if let Some(s) = watch.0.try_wait().unwrap() {
-            break s.code();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "the watch did not end with its server");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let code = poll_blocking(Duration::from_secs(30), "the watch to end with its server", || {
+        watch.0.try_wait().unwrap()
+    })
+    .code();
     assert_eq!(code, Some(2));
 }

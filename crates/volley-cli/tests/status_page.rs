@@ -19,6 +19,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
 /// The service the echo server registers (its method is `echo`).
+#[path = "../../volley/tests/support/wait.rs"]
+mod wait;
+use wait::try_poll_blocking;
+
 const SERVICE: &str = "status-page-echo";
 
 fn volley() -> Command {
@@ -178,17 +182,10 @@ impl Browser {
             let _ = stderr.read_to_string(&mut s);
             s
         });
-        let deadline = Instant::now() + BROWSER_TIMEOUT;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("chromium {action} {url} did not finish within {BROWSER_TIMEOUT:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let Some(status) = try_poll_blocking(BROWSER_TIMEOUT, || child.try_wait().unwrap()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium {action} {url} did not finish within {BROWSER_TIMEOUT:?}");
         };
         let (out, err) = (out.join().unwrap(), err.join().unwrap());
         assert!(status.success(), "chromium {action} {url}: {status}; stderr: {err}");
@@ -210,15 +207,12 @@ impl Browser {
 
     /// Reads `url` until `pick` finds what it looks for in the DOM, for up to `within`.
     fn poll<T>(&self, url: &str, within: Duration, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
-        let deadline = Instant::now() + within;
-        loop {
-            let dom = self.dom(url);
-            if let Some(v) = pick(&dom) {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "no {what} on {url} within {within:?}; last DOM:\n{dom}");
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        let mut dom = String::new();
+        try_poll_blocking(within, || {
+            dom = self.dom(url);
+            pick(&dom)
+        })
+        .unwrap_or_else(|| panic!("no {what} on {url} within {within:?}; last DOM:\n{dom}"))
     }
 }
 

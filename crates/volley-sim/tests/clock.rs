@@ -43,7 +43,7 @@ fn held_call(wall_per_step: Duration) -> (u64, Result<u64, Error>) {
             .await?;
             assert_eq!(client.call(&ECHO, 5).await?, 5, "the first call goes through");
             connected.store(true, Ordering::SeqCst);
-            // The driver holds the link before the next step.
+            // The driver holds the link before the next step (simulated time).
             tokio::time::sleep(Duration::from_millis(5)).await;
             let t0 = tokio::time::Instant::now();
             let r = client.call(&ECHO, 6).await;
@@ -59,6 +59,7 @@ fn held_call(wall_per_step: Duration) -> (u64, Result<u64, Error>) {
             held = true;
         }
         if held && !wall_per_step.is_zero() {
+            // Real time on purpose: the simulation runs slower than the wall clock.
             std::thread::sleep(wall_per_step);
         }
         match sim.step() {

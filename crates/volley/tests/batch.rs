@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use volley::{BatchOptions, Client, Code, Error, Method, Server, Status};
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::wait_until;
+
 const SQUARE: Method<u64, u64> = Method::new("math", "square");
 const SLOW: Method<u64, u64> = Method::new("math", "slow");
 
@@ -181,6 +185,7 @@ async fn overload_answers_overloaded_at_once_and_admitted_requests_complete() {
             let h = h.clone();
             async move {
                 h.fetch_add(1, Ordering::Relaxed);
+                // Slow work on the machine's clock: the flood is on a real socket.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 h.fetch_sub(1, Ordering::Relaxed);
                 Ok(x)
@@ -249,8 +254,9 @@ async fn a_held_batch_at_the_item_limit_leaves_single_calls_their_room() {
             }
         })
         .handle(&SLOW, |x: u64| async move {
-            // Held for a moment too: single calls count in the bound beside the batch.
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            // Held for a moment too (across a turn of the runtime): single calls count in the
+            // bound beside the batch.
+            tokio::task::yield_now().await;
             Ok(x)
         })
         .build();
@@ -261,11 +267,10 @@ async fn a_held_batch_at_the_item_limit_leaves_single_calls_their_room() {
     let batch = tokio::spawn(async move {
         big.call_batch_with(&HOLD, 0..n as u64, BatchOptions::default().chunk_size(n)).await
     });
-    let start = Instant::now();
-    while held.load(Ordering::Relaxed) < n {
-        assert!(start.elapsed() < Duration::from_secs(60), "the batch never reached its handler");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(Duration::from_secs(60), "the batch to reach its handler", || {
+        held.load(Ordering::Relaxed) >= n
+    })
+    .await;
 
     let mut callers = Vec::new();
     for c in 0..64u64 {
@@ -307,6 +312,7 @@ async fn a_held_batch_at_the_item_limit_leaves_single_calls_their_room() {
 async fn callers_wait_for_room_under_the_in_flight_bound() {
     let server = Server::builder()
         .handle(&SLOW, |x: u64| async move {
+            // Slow work on the machine's clock: the client's bound is on a real socket.
             tokio::time::sleep(Duration::from_millis(20)).await;
             Ok(x)
         })
@@ -320,10 +326,11 @@ async fn callers_wait_for_room_under_the_in_flight_bound() {
         calls.push(tokio::spawn(async move { client.call(&SLOW, x).await }));
     }
     let mut max_pending = 0;
-    while !calls.iter().all(|c| c.is_finished()) {
+    wait_until(Duration::from_secs(60), "the calls to finish", || {
         max_pending = max_pending.max(client.pending_calls());
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+        calls.iter().all(|c| c.is_finished())
+    })
+    .await;
     for (x, c) in calls.into_iter().enumerate() {
         assert_eq!(c.await.unwrap(), Ok(x as u64));
     }

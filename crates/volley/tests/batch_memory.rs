@@ -100,6 +100,7 @@ fn overload_keeps_memory_bounded() {
         let server = Server::builder()
             .max_queued(2_000)
             .handle(&SLOW, |b: Bytes| async move {
+                // Slow work that keeps the real socket's queue full (memory is the measure).
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 Ok(b)
             })

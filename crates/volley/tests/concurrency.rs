@@ -28,6 +28,7 @@ fn server() -> (Server, Arc<AtomicUsize>) {
             async move { Ok(answer(x)) }
         })
         .handle(&SHUFFLE, |x: u64| async move {
+            // Replies out of order on the wire: each waits its own few milliseconds.
             tokio::time::sleep(Duration::from_micros((x * 7919) % 5000)).await;
             Ok(answer(x))
         })

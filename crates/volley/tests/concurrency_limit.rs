@@ -23,12 +23,14 @@ fn server(runs: Arc<AtomicUsize>, limit: Option<ConcurrencyLimit>) -> Server {
     let mut b = Server::builder()
         .handle_fn(&SLOW, move |x: u64| {
             runs.fetch_add(1, Ordering::SeqCst);
+            // Holds its real thread, as CPU work would.
             std::thread::sleep(Duration::from_millis(2));
             Ok(x)
         })
         .handle(&SLOW_ASYNC, move |x: u64| {
             runs_async.fetch_add(1, Ordering::SeqCst);
             async move {
+                // Latency the adaptive limit measures, beside the blocking handler's real time.
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 Ok(x)
             }

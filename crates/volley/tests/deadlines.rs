@@ -14,6 +14,9 @@ use volley::{CallOptions, Client, ClientConfig, Code, Error, Method, Server, Ser
 
 #[path = "support/old_server.rs"]
 mod old_server;
+#[path = "support/wait.rs"]
+mod wait;
+use wait::wait_until;
 
 const ADD_ONE: Method<u64, u64> = Method::new("deadlines", "add_one");
 const HANG: Method<u64, u64> = Method::new("deadlines", "hang");
@@ -22,15 +25,6 @@ const REMAINING: Method<u64, u64> = Method::new("deadlines", "remaining_ms");
 
 fn address(tag: &str) -> String {
     format!("unix://{}/volley-deadlines-{tag}-{}.sock", std::env::temp_dir().display(), std::process::id())
-}
-
-/// Waits (up to `within`) until `cond` holds; panics with `what` otherwise.
-async fn wait_until(within: Duration, what: &str, cond: impl Fn() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// The call ran out of time: the client's own timer or the server's answer came first (they
@@ -141,6 +135,8 @@ async fn a_synchronous_handler_is_not_called_for_requests_that_expired_while_the
     let server = Server::builder()
         .handle_fn(&SLOW_SYNC, move |x: u64| {
             counted.fetch_add(1, Ordering::SeqCst);
+            // Real blocking work: the point is a handler that holds its thread while the
+            // group's budget runs out on the machine's clock.
             std::thread::sleep(Duration::from_millis(10));
             Ok(x + 1)
         })
@@ -327,7 +323,7 @@ async fn cancelling_the_first_call_cancels_every_hop() {
     let call = client.call_with(&HOP, 0, CallOptions::default().timeout(Duration::from_secs(60)));
     tokio::select! {
         r = call => panic!("the call ended: {r:?}"),
-        () = wait_until(Duration::from_secs(20), "the call to reach the innermost server", || {
+        _ = wait_until(Duration::from_secs(20), "the call to reach the innermost server", || {
             started.load(Ordering::SeqCst) == 1
         }) => {}
     }

@@ -16,19 +16,11 @@ use volley::registry::{LeaseConfig, Registry};
 use volley::service_client::{ServiceClient, ServiceConfig};
 use volley::{Client, Code, Drain, Error, Method, Server};
 
-const SAY: Method<String, String> = Method::new("deploy", "say");
+#[path = "support/wait.rs"]
+mod wait;
+use wait::eventually_for;
 
-/// Waits for `cond`, checking every 10 ms, for up to `within`; says whether it came true.
-async fn eventually(within: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < end {
-        if cond().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    cond().await
-}
+const SAY: Method<String, String> = Method::new("deploy", "say");
 
 /// A server that is going away: on every connection it reads requests and, once it has read
 /// one, answers none of them but a go-away (`ShuttingDown`), then closes. Counts the requests
@@ -142,7 +134,7 @@ async fn a_graceful_stop_deregisters_first_and_serves_through_its_grace() {
             async move { server.stop_gracefully(Drain::default().grace(Duration::from_secs(30))).await },
         )
     };
-    let gone = eventually(Duration::from_secs(10), async || {
+    let gone = eventually_for(Duration::from_secs(10), async || {
         registry.resolve("deploy").await.map(|r| r.instances.is_empty()).unwrap_or(false)
     })
     .await;
@@ -186,11 +178,11 @@ async fn a_listener_whose_socket_dies_ends_and_the_server_is_not_ready() {
     // socket is no listener any more, as when it is closed under the server.
     let fd = listening_fd(port).expect("the listening socket's descriptor");
     assert_eq!(unsafe { libc::shutdown(fd, libc::SHUT_RDWR) }, 0);
-    let ended = eventually(Duration::from_secs(10), async || !server.failed_listeners().is_empty()).await;
+    let ended = eventually_for(Duration::from_secs(10), async || !server.failed_listeners().is_empty()).await;
     assert!(ended, "the listener ended");
     assert!(!server.is_ready());
     assert!(server.addresses().is_empty(), "{:?}", server.addresses());
-    let gone = eventually(Duration::from_secs(10), async || {
+    let gone = eventually_for(Duration::from_secs(10), async || {
         registry.resolve("deploy").await.map(|r| r.instances.is_empty()).unwrap_or(false)
     })
     .await;
@@ -291,7 +283,7 @@ async fn a_server_whose_lease_is_not_confirmed_is_not_ready_until_it_registers_a
     // The controller goes away: once the lease's time has passed unconfirmed, callers
     // resolving the service cannot find this server, so it is not ready.
     first.shutdown().await;
-    let unready = eventually(Duration::from_secs(20), async || !server.is_ready()).await;
+    let unready = eventually_for(Duration::from_secs(20), async || !server.is_ready()).await;
     assert!(unready, "not ready once its lease is not confirmed");
     let (status, body) = get(admin, "/readyz").await;
     assert_eq!(status, 503, "{body}");
@@ -302,7 +294,7 @@ async fn a_server_whose_lease_is_not_confirmed_is_not_ready_until_it_registers_a
     // A controller again at the same address: the instances are registered again.
     let second = Controller::new(Default::default());
     second.listen("inproc://deploy-lease-ready").await.unwrap();
-    let ready = eventually(Duration::from_secs(20), async || server.is_ready()).await;
+    let ready = eventually_for(Duration::from_secs(20), async || server.is_ready()).await;
     assert!(ready, "ready again: {:?}", server.not_ready_because());
     assert!(registration.registrations() >= 2);
     server.shutdown().await;
@@ -337,7 +329,8 @@ async fn calls_never_written_before_their_connection_failed_fail_as_never_run() 
     };
     // 300 × 64 KiB: more than the kernel's socket buffers hold, so the write blocks.
     let first = wave(300);
-    let writing = eventually(Duration::from_secs(30), async || client.counters().bytes_sent >= 1 << 20).await;
+    let writing =
+        eventually_for(Duration::from_secs(30), async || client.counters().bytes_sent >= 1 << 20).await;
     assert!(writing, "the client started writing");
     // One runtime thread: after these turns every call has queued its request, and the writer
     // is blocked on the full socket. The second wave queues behind it.

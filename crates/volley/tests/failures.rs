@@ -3,9 +3,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use volley::{CallOptions, Client, Code, Error, Method, Server, Status};
+
+#[path = "support/wait.rs"]
+mod wait;
+use wait::wait_until;
 
 const ADD_ONE: Method<u64, u64> = Method::new("failures", "add_one");
 const SLOW: Method<u64, u64> = Method::new("failures", "slow");
@@ -15,15 +20,6 @@ const BATCH: Method<u64, u64> = Method::new("failures", "batch");
 
 fn unix_address(tag: &str) -> String {
     format!("unix://{}/volley-failures-{tag}-{}.sock", std::env::temp_dir().display(), std::process::id())
-}
-
-/// Waits (up to `within`) until `cond` holds; panics with `what` otherwise.
-async fn wait_until(within: Duration, what: &str, cond: impl Fn() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < within, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -37,6 +33,8 @@ fn slow_server() -> Server {
     Server::builder()
         .handle(&ADD_ONE, |x: u64| async move { Ok(x + 1) })
         .handle(&SLOW, |ms: u64| async move {
+            // The slow work the deadlines race: on the paused clock over inproc; on byte
+            // transports on the machine's, as the client's deadlines there read its coarse clock.
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Ok(ms * 1000)
         })
@@ -69,11 +67,11 @@ async fn deadline_fires(addr: &str) {
     assert_eq!(client.call(&ADD_ONE, 41).await, Ok(42), "{bound}");
     assert!(t1.elapsed() < LATE / 2, "{bound}: the next call waited for the slow one");
 
-    // Wait past the moment the late reply arrives (on byte transports: it is counted as
-    // received), then check it was dropped and mixed up with nothing.
-    tokio::time::sleep(LATE.saturating_sub(t0.elapsed()) + Duration::from_millis(100)).await;
+    // Wait for the late reply (on byte transports the server's own answer at the deadline,
+    // counted as received; inproc drops the handler with the call), then check it was dropped
+    // and mixed up with nothing.
     if !addr.starts_with("inproc") {
-        wait_until(Duration::from_secs(1), "the late reply", || {
+        wait_until(Duration::from_secs(5), "the late reply", || {
             client.counters().messages_received >= received_before + 2
         })
         .await;
@@ -101,7 +99,8 @@ async fn deadline_fires_unix() {
     deadline_fires(&unix_address("deadline")).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Inproc deadlines are tokio timers: on the paused clock the test waits on no real time.
+#[tokio::test(start_paused = true)]
 async fn deadline_fires_inproc() {
     deadline_fires("inproc://failures-deadline").await;
 }
@@ -212,8 +211,7 @@ async fn server_dying_mid_call_ends_every_pending_call() {
     assert!(t0.elapsed() < Duration::from_secs(2));
     assert_eq!(connection_errors, CALLS);
     assert_eq!(client.pending_calls(), 0);
-    // Each call ended exactly once, and stays ended.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Each call ended exactly once (every task has finished, so none can end again).
     for (i, e) in ends.iter().enumerate() {
         assert_eq!(e.load(Ordering::SeqCst), 1, "call {i}");
     }
@@ -339,6 +337,8 @@ async fn graceful_shutdown(addr: &str) {
         .handle(&SLOW, move |x: u64| {
             counted.fetch_add(1, Ordering::SeqCst);
             async move {
+                // Work a shutdown must wait for: on the paused clock over inproc, on the
+                // machine's over real sockets.
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Ok(x + 1000)
             }
@@ -394,7 +394,8 @@ async fn graceful_shutdown_unix() {
     graceful_shutdown(&unix_address("shutdown")).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The handlers' 300 ms and the shutdown's wait for them on the paused clock.
+#[tokio::test(start_paused = true)]
 async fn graceful_shutdown_inproc() {
     graceful_shutdown("inproc://failures-shutdown").await;
 }

@@ -4,6 +4,8 @@
 //! being served. Bounds on time are generous: the machine may be loaded.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -11,6 +13,10 @@ use tokio::net::TcpStream;
 use volley::bytes::Bytes;
 use volley::proto::{Code, Decoder, Limits, Message, PREAMBLE, decode_frame};
 use volley::{Client, ConcurrencyLimit, Method, Server};
+
+#[path = "support/wait.rs"]
+mod wait;
+use wait::{wait_for, wait_until};
 
 const ECHO: Method<Bytes, Bytes> = Method::new("floods", "echo");
 
@@ -103,34 +109,26 @@ async fn frames_being_received_are_held_within_the_budget_while_a_canary_is_serv
     }
     // The budget fills (three frames of 4 MiB and 4 bytes), and stays within its bound while
     // the canary keeps being served.
-    let (start, mut most, mut calls) = (Instant::now(), 0.0f64, 0u32);
-    loop {
+    let (mut most, mut calls) = (0.0f64, 0u32);
+    wait_for(Duration::from_secs(60), "the budget to fill", async || {
         let held = metric(admin, "volley_server_receive_held_bytes").await.unwrap();
         assert!(held <= BUDGET as f64, "{held} bytes held with a budget of {BUDGET}");
         most = most.max(held);
         calls += 1;
         canary(&client, calls).await;
-        if most >= (3 * FRAME) as f64 && calls >= 20 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the budget never filled: at most {most} bytes held"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        most >= (3 * FRAME) as f64 && calls >= 20
+    })
+    .await;
     assert_eq!(server.connections().served, 33, "the waiting senders are kept, not refused");
 
     for s in &senders {
         s.abort();
     }
-    let start = Instant::now();
-    while metric(admin, "volley_server_receive_held_bytes").await != Some(0.0)
-        || server.connections().served > 1
-    {
-        assert!(start.elapsed() < Duration::from_secs(60), "the senders' budget was not given back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(Duration::from_secs(60), "the senders' budget to be given back", async || {
+        metric(admin, "volley_server_receive_held_bytes").await == Some(0.0)
+            && server.connections().served <= 1
+    })
+    .await;
     canary(&client, 0).await;
     server.shutdown().await;
 }
@@ -169,27 +167,34 @@ async fn stalled_request_heads_do_not_lock_scrapers_out_of_the_admin_endpoint() 
     let (server, addr, admin) = serve(Server::builder()).await;
     let client = Client::connect(&addr).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
+    let opened = Arc::new(AtomicU64::new(0));
     let stalled = tokio::spawn({
-        let stop = stop.clone();
+        let (stop, opened) = (stop.clone(), opened.clone());
         async move {
-            let mut opened = 0u64;
             while !stop.is_cancelled() {
                 let mut held = Vec::new();
                 for _ in 0..32 {
                     if let Ok(mut s) = TcpStream::connect(admin).await {
                         let _ = s.write_all(b"GET /metr").await;
                         held.push(s);
-                        opened += 1;
+                        opened.fetch_add(1, Ordering::SeqCst);
                     }
                 }
+                // The attacker holds its heads for a while on the machine's clock: the admin
+                // endpoint is a thread of its own, with its own (real) timeouts.
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            opened
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until(Duration::from_secs(30), "the first 32 stalled heads", || opened.load(Ordering::SeqCst) >= 32)
+        .await;
     let mut slowest = Duration::ZERO;
-    for n in 0..20u32 {
+    // Scrapes until the attacker has re-opened its heads at least once (and 20 at least).
+    let (mut n, began) = (0u32, Instant::now());
+    while n < 20 || opened.load(Ordering::SeqCst) < 64 {
+        let opened = opened.load(Ordering::SeqCst);
+        assert!(began.elapsed() < Duration::from_secs(60), "the stalled heads were not re-opened: {opened}");
+        n += 1;
         let t = Instant::now();
         let answer = get_within(admin, "/metrics", Duration::from_secs(5)).await;
         let took = t.elapsed();
@@ -198,12 +203,11 @@ async fn stalled_request_heads_do_not_lock_scrapers_out_of_the_admin_endpoint() 
         assert!(body.contains("volley_server_connections_open"), "{body}");
         slowest = slowest.max(took);
         canary(&client, n).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.cancel();
-    let opened = stalled.await.unwrap();
-    assert!(opened >= 64, "the stalled heads were re-opened: {opened}");
-    eprintln!("20 scrapes beside {opened} stalled heads: slowest {slowest:?}");
+    stalled.await.unwrap();
+    let opened = opened.load(Ordering::SeqCst);
+    eprintln!("{n} scrapes beside {opened} stalled heads: slowest {slowest:?}");
     server.shutdown().await;
 }
 
@@ -243,21 +247,25 @@ async fn a_scrape_flood_does_not_stall_rpc() {
     let mut quiet = measure(client.clone()).await;
 
     let stop = tokio_util::sync::CancellationToken::new();
+    let served = Arc::new(AtomicU64::new(0));
     let mut scrapers = Vec::new();
     for i in 0..32 {
-        let stop = stop.clone();
+        let (stop, served) = (stop.clone(), served.clone());
         scrapers.push(tokio::spawn(async move {
             let path = if i % 2 == 0 { "/metrics" } else { "/vars.json" };
-            let mut served = 0u64;
+            let mut mine = 0u64;
             while !stop.is_cancelled() {
                 if let Some((200, _)) = get_within(admin, path, Duration::from_secs(30)).await {
-                    served += 1;
+                    served.fetch_add(1, Ordering::SeqCst);
+                    mine += 1;
                 }
             }
-            served
+            mine
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The flood is on: a round of scrapes was served before the measure starts.
+    wait_until(Duration::from_secs(30), "the scrape flood to start", || served.load(Ordering::SeqCst) >= 32)
+        .await;
     let mut flooded = measure(client.clone()).await;
     stop.cancel();
     let mut scrapes = 0;

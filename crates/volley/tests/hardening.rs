@@ -1,6 +1,8 @@
 //! Peers that misbehave or vanish, and peers that are not allowed in: read timeouts on stalled
 //! half-frames, the connection limit, keepalive, the drain deadline of a shutdown, and tokens.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -8,13 +10,27 @@ use tokio::net::TcpStream;
 use volley::proto::{Decoder, Limits, Message, PREAMBLE, decode_frame};
 use volley::{CallOptions, Client, ClientConfig, Code, Error, Keepalive, Method, Server};
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::{wait_for, wait_until};
+
 const ECHO: Method<String, String> = Method::new("hardening", "echo");
 const SLEEP: Method<u64, u64> = Method::new("hardening", "sleep");
 
 fn server() -> volley::ServerBuilder {
-    Server::builder().handle_fn(&ECHO, Ok).handle(&SLEEP, |ms: u64| async move {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        Ok(ms)
+    server_counting(Default::default())
+}
+
+/// [`server`], whose `SLEEP` handlers count themselves into `entered` as they start.
+fn server_counting(entered: Arc<AtomicUsize>) -> volley::ServerBuilder {
+    Server::builder().handle_fn(&ECHO, Ok).handle(&SLEEP, move |ms: u64| {
+        entered.fetch_add(1, Ordering::SeqCst);
+        async move {
+            // Work that outlasts a drain deadline, on the machine's clock: the clients here
+            // are on real sockets, whose deadlines read the machine's coarse clock.
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(ms)
+        }
     })
 }
 
@@ -63,13 +79,12 @@ async fn stalled_half_frame_peer_is_disconnected_while_others_are_served() {
     let t0 = Instant::now();
     let reader = tokio::spawn(async move { read_until_closed(&mut stalled, Duration::from_secs(20)).await });
 
-    // Meanwhile the other client is served, call after call.
+    // Meanwhile the other client is served, call after call (each a round trip on the socket).
     let mut served = 0;
     while !reader.is_finished() {
         let r = good.call(&ECHO, format!("call {served}")).await.unwrap();
         assert_eq!(r, format!("call {served}"));
         served += 1;
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (msgs, closed) = reader.await.unwrap();
     let took = t0.elapsed();
@@ -109,18 +124,17 @@ async fn connections_over_the_limit_get_overloaded_go_away() {
 
     drop(a);
     // The slot frees once the server notices the close.
-    let t0 = Instant::now();
-    loop {
+    wait_for(Duration::from_secs(20), "a slot to be freed", async || {
         let d = Client::connect(&addr.to_string()).await.unwrap();
         match d.call(&ECHO, "d".into()).await {
             Ok(r) => {
                 assert_eq!(r, "d");
-                break;
+                true
             }
-            Err(e) => assert!(t0.elapsed() < Duration::from_secs(20), "no slot freed: {e}"),
+            Err(_) => false,
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert_eq!(b.call(&ECHO, "b".into()).await.unwrap(), "b");
     s.shutdown().await;
 }
@@ -221,7 +235,8 @@ async fn server_keepalive_closes_a_peer_that_does_not_answer_pings() {
 /// did not drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_deadline_finishes_quick_work_and_drops_the_rest() {
-    let s = server().build();
+    let entered = Arc::new(AtomicUsize::new(0));
+    let s = server_counting(entered.clone()).build();
     let addr = s.listen("tcp://127.0.0.1:0").await.unwrap();
     // Two connections: requests arriving together for one method share a handler turn.
     let c1 = Client::connect(&addr.to_string()).await.unwrap();
@@ -233,13 +248,11 @@ async fn shutdown_with_deadline_finishes_quick_work_and_drops_the_rest() {
     let batch_opts = volley::BatchOptions::default().timeout(Duration::from_secs(120));
     let slow_batch =
         tokio::spawn(async move { c3.call_batch_with(&SLEEP, [60_000, 60_000, 60_000], batch_opts).await });
-    // All three requests are in handlers before shutdown starts.
-    let t0 = Instant::now();
-    while s.counters().messages_received < 3 {
-        assert!(t0.elapsed() < Duration::from_secs(20));
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // All three requests (five items) are in handlers before shutdown starts.
+    wait_until(Duration::from_secs(20), "the requests to reach their handlers", || {
+        entered.load(Ordering::SeqCst) == 5
+    })
+    .await;
     let deadline = Duration::from_secs(1);
     let t0 = Instant::now();
     let drained = s.shutdown_with_deadline(deadline).await;
@@ -266,9 +279,8 @@ async fn shutdown_with_deadline_reports_a_complete_drain() {
     let c = Client::connect(&addr.to_string()).await.unwrap();
     let c1 = c.clone();
     let call = tokio::spawn(async move { c1.call(&SLEEP, 100).await });
-    while s.counters().messages_received < 1 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until(Duration::from_secs(20), "the request to arrive", || s.counters().messages_received >= 1)
+        .await;
     assert!(s.shutdown_with_deadline(Duration::from_secs(30)).await);
     assert_eq!(call.await.unwrap(), Ok(100));
 }

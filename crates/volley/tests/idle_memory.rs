@@ -98,6 +98,7 @@ fn a_thousand_idle_connections_stay_small() {
     // Warm up: the runtime, the pools and the allocator reach their working size.
     let warm: Vec<_> = (0..50).map(|i| connect_and_call(&addr, i)).collect();
     drop(warm);
+    // The real heap and RSS settle before the base is read.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let (before, rss_before) = (live_bytes(), rss_bytes());
 

@@ -17,6 +17,10 @@ use volley::bytes::{Bytes, BytesMut};
 use volley::proto::{Code, Decoder, Limits, Message, PREAMBLE, SERVER_PREAMBLE, decode_frame};
 use volley::{Client, Keepalive, Method, Server, ServerBuilder};
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::wait_until_blocking;
+
 const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
 
 /// A server running on a current-thread runtime on its own thread, until dropped.
@@ -91,20 +95,12 @@ fn steady_caller(addr: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle
                 calls += 1;
                 longest = longest.max(last.elapsed());
                 last = Instant::now();
+                // A steady pace on the machine's clock: the gap between answers is the measure.
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             (calls, longest)
         })
     })
-}
-
-/// Waits for `cond` to hold, polling, up to `limit`.
-fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A client that sends 1 KiB echo requests as fast as the server takes them and never reads a
@@ -142,9 +138,12 @@ fn a_client_that_never_reads_is_parked_and_the_others_are_served() {
     assert!(sent > 16 << 20, "the server took only {sent} bytes before parking");
     // Parked: the server reads nothing more from it, while the other caller keeps going.
     let received = served.server.counters().frames_received;
+    // A window on the machine's clock in which the parked connection must add no frame (the
+    // server's reader is a real thread on a real socket).
     std::thread::sleep(Duration::from_millis(500));
     let while_parked = served.server.counters().frames_received - received;
-    // Leave with a reset (closing with unread replies), then let the caller run a little.
+    // Leave with a reset (closing with unread replies), then let the caller run a little: the
+    // calls right after the reset count too (real time, as the reset is the kernel's).
     drop(hostile);
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
@@ -155,7 +154,7 @@ fn a_client_that_never_reads_is_parked_and_the_others_are_served() {
     assert!(calls >= 20, "only {calls} calls answered beside the hostile client");
     assert!(longest < Duration::from_secs(2), "a call waited {longest:?} beside the hostile client");
     // Both are gone (the caller's client was dropped): the reset reached the parked connection.
-    wait_for(Duration::from_secs(10), "the hostile connection to close", || {
+    wait_until_blocking(Duration::from_secs(10), "the hostile connection to close", || {
         served.server.connections().served == 0
     });
 }
@@ -169,7 +168,7 @@ fn a_parked_peer_is_given_up_within_keepalive_interval_plus_timeout() {
     let served = Served::start(echo_server().keepalive(Some(k)), "tcp://127.0.0.1:0");
     let stop = Arc::new(AtomicBool::new(false));
     let steady = steady_caller(served.addr.clone(), stop.clone());
-    wait_for(Duration::from_secs(30), "the steady caller to connect", || {
+    wait_until_blocking(Duration::from_secs(30), "the steady caller to connect", || {
         served.server.connections().served == 1
     });
 
@@ -191,7 +190,7 @@ fn a_parked_peer_is_given_up_within_keepalive_interval_plus_timeout() {
         }
         assert!(quiet_since.elapsed() < Duration::from_secs(60), "the server never stopped reading");
     }
-    wait_for(Duration::from_secs(90), "the parked connection to close", || {
+    wait_until_blocking(Duration::from_secs(90), "the parked connection to close", || {
         served.server.connections().served == 1
     });
     let took = quiet_since.elapsed();
@@ -240,7 +239,8 @@ fn a_client_that_pipelines_without_end_gets_turns_like_everyone_else() {
             frames
         })
     };
-    // Let the pipeline fill the server's thread, then call beside it.
+    // Let the pipeline fill the server's thread, then call beside it for two seconds of the
+    // machine's clock (the pipeline is a real socket written by a real thread).
     std::thread::sleep(Duration::from_millis(200));
     let steady = steady_caller(served.addr.clone(), stop.clone());
     std::thread::sleep(Duration::from_secs(2));
@@ -322,7 +322,7 @@ fn connections_that_never_open_cannot_lock_real_clients_out() {
         "tcp://127.0.0.1:0",
     );
     let stalled: Vec<_> = (0..500).map(|_| StdTcp::connect(served.host_port()).unwrap()).collect();
-    wait_for(Duration::from_secs(20), "the stalled connections to be accepted", || {
+    wait_until_blocking(Duration::from_secs(20), "the stalled connections to be accepted", || {
         served.server.connections().opening_evicted >= 500 - 64
     });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -350,7 +350,7 @@ fn a_connection_that_does_not_open_in_time_is_closed() {
     let read = s.read_to_end(&mut got);
     assert!(read.is_ok(), "the server did not close the connection: {read:?}");
     assert_eq!(got, SERVER_PREAMBLE, "only the server's preamble, no go-away");
-    wait_for(Duration::from_secs(10), "the opening place to be given back", || {
+    wait_until_blocking(Duration::from_secs(10), "the opening place to be given back", || {
         served.server.connections().opening == 0
     });
 }
@@ -444,7 +444,7 @@ fn a_peer_that_half_closes_and_reads_nothing_is_let_go() {
     // The server may have given the connection up already (keepalive: interval + timeout is
     // 600 ms): then the half-close fails, and what follows holds all the same.
     let _ = s.shutdown(std::net::Shutdown::Write);
-    wait_for(Duration::from_secs(60), "the server to let the connection go", || {
+    wait_until_blocking(Duration::from_secs(60), "the server to let the connection go", || {
         served.server.connections().served == 0
     });
     drop(s);

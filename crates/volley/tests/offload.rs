@@ -58,6 +58,7 @@ fn server(offload_min_bytes: usize) -> Server {
         .offload_min_bytes(offload_min_bytes)
         .handle_fn(&ECHO, |blob: Blob| Ok(Echoed { thread: thread_name(), blob }))
         .handle(&SLOW_ECHO, |blob: Blob| async move {
+            // Replies out of order on a real socket: the slow ones answer after the others.
             tokio::time::sleep(Duration::from_millis(5)).await;
             Ok(Echoed { thread: thread_name(), blob })
         })

@@ -3,7 +3,7 @@
 //! server it calls), and the ids the TRACEPARENT extension carries are OpenTelemetry's.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -26,9 +26,9 @@ impl Collect {
     /// The exported span named `name` for `service`'s `echo`, once it was exported (a span is
     /// exported when it ends; a served request's span may end just after its reply left).
     async fn wait_for(&self, name: &str, service: &str) -> SpanData {
-        let t0 = Instant::now();
-        loop {
-            let found = self
+        let mut found = None;
+        wait_until(Duration::from_secs(20), &format!("a {name} span for {service} to be exported"), || {
+            found = self
                 .0
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -39,14 +39,16 @@ impl Collect {
                         && attr(s, "method").as_deref() == Some("echo")
                 })
                 .cloned();
-            if let Some(s) = found {
-                return s;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(20), "no {name} span for {service} was exported");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            found.is_some()
+        })
+        .await;
+        found.unwrap()
     }
 }
+
+#[path = "support/wait.rs"]
+mod wait;
+use wait::wait_until;
 
 fn attr(s: &SpanData, key: &str) -> Option<String> {
     s.attributes.iter().find(|kv| kv.key.as_str() == key).map(|kv| kv.value.as_str().into_owned())

@@ -15,6 +15,10 @@ use volley::registry::{LeaseConfig, Registry};
 use volley::service_client::{Mode, ServiceConfig, merge_sorted};
 use volley::{CallOptions, Client, Code, Error, Method, Server, ServiceClient, Status};
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::{wait_for, wait_until};
+
 /// `who`: the name of the instance that answered.
 const WHO: Method<u64, String> = Method::new("reg-test", "who");
 /// `double`: x * 2, after a pause of `HANDLER_DELAY` (so calls are in flight).
@@ -70,6 +74,8 @@ fn instance(name: &str, hits: Arc<AtomicU64>) -> Server {
             let hits = hits.clone();
             async move {
                 hits.fetch_add(1, Relaxed);
+                // So that calls are in flight (on the machine's clock where the instances are
+                // on real sockets, on the paused one where they are in process).
                 tokio::time::sleep(HANDLER_DELAY).await;
                 Ok(x * 2)
             }
@@ -92,26 +98,6 @@ async fn register(
     registry.register(server, vec![InstanceSpec::new(SERVICE, addr)], lease).await.unwrap()
 }
 
-/// Waits (up to `within`) until `cond` holds; returns how long that took.
-async fn wait_until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    t0.elapsed()
-}
-
-/// Like [`wait_until`], for conditions that need a call.
-async fn wait_for(within: Duration, what: &str, mut cond: impl AsyncFnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !cond().await {
-        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    t0.elapsed()
-}
-
 fn cached_addresses(client: &ServiceClient) -> HashSet<String> {
     client.cached_instances(SERVICE).unwrap_or_default().into_iter().map(|i| i.address).collect()
 }
@@ -125,7 +111,8 @@ async fn listed_count(registry: &Registry, service: &str) -> usize {
 // Leases and watches
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Inproc only, on the paused clock: lease times, the expiry tick and renewals are tokio timers.
+#[tokio::test(start_paused = true)]
 async fn lease_expiry_removes_an_instance_and_renewal_keeps_one() {
     let (controller, addr) = start_controller(&format!("inproc://{}", unique("lease")), Duration::ZERO).await;
     let registry = Registry::connect(&addr).await.unwrap();
@@ -141,7 +128,7 @@ async fn lease_expiry_removes_an_instance_and_renewal_keeps_one() {
         instances: vec![InstanceSpec::new("lapsing", "tcp://127.0.0.1:1")],
         credential: String::new(),
     };
-    let t0 = Instant::now();
+    let t0 = tokio::time::Instant::now();
     let registered = raw.call(&REGISTER, req).await.unwrap();
     assert_eq!(registered.ttl_ms, 1000);
     assert_eq!(listed_count(&registry, "lapsing").await, 1);
@@ -510,7 +497,7 @@ async fn calls_dropped_at_a_drain_deadline_fail_over_when_idempotent() {
         Server::builder()
             .handle(&STALL, move |x: u64| async move {
                 if stuck {
-                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    std::future::pending::<()>().await;
                 }
                 Ok(x + 1)
             })
@@ -569,7 +556,8 @@ fn adding_a_fifth_instance_to_four_moves_about_a_fifth_of_the_keys() {
     assert!((0.15..=0.25).contains(&share), "{moved} of 10000 keys moved");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Inproc only, on the paused clock: the fifth instance reaches the client by its watch.
+#[tokio::test(start_paused = true)]
 async fn keyed_calls_keep_their_instance_and_a_fifth_instance_takes_about_a_fifth() {
     let (controller, reg_addr) =
         start_controller(&format!("inproc://{}", unique("keys")), Duration::ZERO).await;
@@ -621,6 +609,27 @@ async fn keyed_calls_keep_their_instance_and_a_fifth_instance_takes_about_a_fift
 // Direct against relayed
 // ---------------------------------------------------------------------------------------------
 
+/// Every message sent by anyone in the test was also received: counters have caught up (a writer
+/// counts a frame once its write returns, which may be a moment after the peer read it).
+fn settled(
+    clients: &[&ServiceClient],
+    controller: &Controller,
+    servers: &[Server],
+    registry: &Registry,
+) -> bool {
+    let c = controller.stats();
+    let r = registry.stats().transport;
+    let (mut sent, mut received) = (
+        c.server.messages_sent + c.relay.messages_sent + r.messages_sent,
+        c.server.messages_received + c.relay.messages_received + r.messages_received,
+    );
+    for t in clients.iter().map(|c| c.stats().transport()).chain(servers.iter().map(|s| s.counters())) {
+        sent += t.messages_sent;
+        received += t.messages_received;
+    }
+    sent == received
+}
+
 /// Messages sent by every party: the client, the controller (its server and its relay
 /// connections), the instances.
 fn messages_sent(client: &ServiceClient, controller: &Controller, servers: &[Server]) -> u64 {
@@ -658,8 +667,12 @@ async fn direct_mode_sends_at_most_half_the_messages_of_relayed_mode() {
         if mode == Mode::Direct {
             // The first watch (a long poll) is under way before the window opens.
             wait_until(Duration::from_secs(2), "the first watch", || client.stats().watches == 1).await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let everyone = || clients.iter().chain([&client]).collect::<Vec<_>>();
+        wait_until(Duration::from_secs(10), "the counters to settle", || {
+            settled(&everyone(), &controller, &servers, &registry)
+        })
+        .await;
         let before = messages_sent(&client, &controller, &servers);
         let registry_before = client.stats().registry_messages();
         let calls = (0..50u64).map(|t| {
@@ -674,9 +687,10 @@ async fn direct_mode_sends_at_most_half_the_messages_of_relayed_mode() {
         for c in calls.collect::<Vec<_>>() {
             c.await.unwrap();
         }
-        // A writer counts a frame once its write returns, which may be a moment after the
-        // peer already read it: let the counters catch up.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        wait_until(Duration::from_secs(10), "the counters to settle", || {
+            settled(&everyone(), &controller, &servers, &registry)
+        })
+        .await;
         let sent = messages_sent(&client, &controller, &servers) - before;
         let registry_messages = client.stats().registry_messages() - registry_before;
         match mode {
@@ -783,7 +797,8 @@ async fn scatter_gather_reaches_every_instance_and_merges_top_k_in_both_modes() 
     controller.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Inproc only, on the paused clock (the instance's `double` takes its pause there).
+#[tokio::test(start_paused = true)]
 async fn errors_are_typed_and_the_same_in_both_modes() {
     let (controller, reg_addr) =
         start_controller(&format!("inproc://{}", unique("errors")), Duration::ZERO).await;

@@ -14,6 +14,10 @@ use volley::registry::{LeaseConfig, Registry};
 use volley::service_client::{Mode, ServiceConfig};
 use volley::{Client, Code, Error, ErrorClass, Method, Server, ServiceClient};
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::{wait_for, wait_until};
+
 const WHO: Method<u64, String> = Method::new("truth", "who");
 const SERVICE: &str = "truth";
 
@@ -43,16 +47,6 @@ async fn controller(addr: &str, config: ControllerConfig) -> (Controller, String
 
 fn quick() -> ControllerConfig {
     ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(Duration::ZERO)
-}
-
-/// Waits (up to `within`) until `cond` holds; returns how long that took.
-async fn wait_for(within: Duration, what: &str, mut cond: impl AsyncFnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !cond().await {
-        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    t0.elapsed()
 }
 
 /// (address, lease) of every instance of `SERVICE`.
@@ -460,7 +454,11 @@ async fn a_server_registers_with_a_restarted_controller_at_once_not_at_its_next_
         LeaseConfig::default().ttl(Duration::from_secs(30)).renew_every(Some(Duration::from_secs(10)));
     let reg = registry.register(&server, vec![InstanceSpec::new(SERVICE, &s_addr)], lease).await.unwrap();
     c.shutdown().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The server's registry noticed: it tried to reconnect to the stopped controller.
+    wait_until(Duration::from_secs(20), "the registry to try to reconnect", || {
+        registry.stats().reconnects > 0
+    })
+    .await;
     let (c2, _) = controller(&addr, quick()).await;
     let t0 = Instant::now();
     let fresh = Registry::connect(&addr).await.unwrap();

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use volley::balance::{Balance, Outliers};
 use volley::controller::{Controller, ControllerConfig};
@@ -15,6 +17,10 @@ use volley::registry::{LeaseConfig, Registry};
 use volley::retry::{Hedge, RetryBudget};
 use volley::service_client::ServiceConfig;
 use volley::{CallOptions, Code, Method, Server, ServiceClient, Status};
+
+#[path = "support/wait.rs"]
+mod wait;
+use wait::{wait_for, wait_until};
 
 const WORK: Method<u64, u64> = Method::new("work", "run");
 
@@ -62,6 +68,7 @@ async fn instance(registry: &Registry, behaviour: Behaviour) -> Instance {
                 let r = match behaviour {
                     Behaviour::Ok => Ok(x),
                     Behaviour::Slow(d) => {
+                        // Slow work, on the paused clock.
                         tokio::time::sleep(d).await;
                         Ok(x)
                     }
@@ -72,7 +79,11 @@ async fn instance(registry: &Registry, behaviour: Behaviour) -> Instance {
             }
         })
         .build();
-    let address = server.listen("tcp://127.0.0.1:0").await.unwrap().to_string();
+    // In process, so that every wait here (slow handlers, hedges, ejection, quarantine, the
+    // latency check) is a tokio timer, and the tests run on the paused clock.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = format!("inproc://resilience-{}-{}", std::process::id(), NEXT.fetch_add(1, Relaxed));
+    let address = server.listen(&name).await.unwrap().to_string();
     let spec = InstanceSpec::new(WORK.service(), address.clone());
     registry.register(&server, vec![spec], LeaseConfig::default()).await.unwrap();
     Instance { server, address, calls, dropped }
@@ -96,15 +107,6 @@ fn idempotent() -> CallOptions {
     CallOptions::default().idempotent()
 }
 
-/// Waits for `cond` with a generous deadline.
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "gave up waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Makes `n` calls, `concurrency` at a time; returns how many took at least `slow`.
 async fn slow_calls(client: &ServiceClient, n: usize, concurrency: usize, slow: Duration) -> usize {
     let next = Arc::new(AtomicU64::new(0));
@@ -123,7 +125,7 @@ async fn slow_calls(client: &ServiceClient, n: usize, concurrency: usize, slow: 
     futures_util::future::join_all(tasks).await.into_iter().map(|r| r.unwrap()).sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn hedged_calls_do_not_wait_for_the_slow_instance() {
     let (controller, registry) = controller("hedge").await;
     let fast = instance(&registry, Behaviour::Ok).await;
@@ -146,7 +148,10 @@ async fn hedged_calls_do_not_wait_for_the_slow_instance() {
     assert!(stats.hedges >= (N / 4) as u64, "{stats:?}");
     assert_eq!(stats.hedges_refused, 0, "{stats:?}");
     // The losing attempts were cancelled on the slow instance, not left to run.
-    wait_for("cancels on the slow instance", || slow.dropped.load(Relaxed) >= (N / 4) as u64).await;
+    wait_until(Duration::from_secs(30), "cancels on the slow instance", || {
+        slow.dropped.load(Relaxed) >= (N / 4) as u64
+    })
+    .await;
     assert_eq!(fast.dropped.load(Relaxed), 0);
     stop(vec![fast, slow], controller).await;
 }
@@ -164,7 +169,7 @@ fn total_calls(instances: &[Instance]) -> u64 {
     instances.iter().map(|i| i.calls.load(Relaxed)).sum()
 }
 
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(start_paused = true)]
 async fn the_retry_budget_caps_extra_attempts_at_its_share_of_calls() {
     let (controller, registry, instances) = two_overloaded("budget").await;
     let config = ServiceConfig::default().retry_budget(RetryBudget::default().ratio(0.1).min_per_second(0));
@@ -190,7 +195,7 @@ async fn the_retry_budget_caps_extra_attempts_at_its_share_of_calls() {
     stop(instances, controller).await;
 }
 
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(start_paused = true)]
 async fn without_a_budget_an_overloaded_reply_is_not_retried() {
     let (controller, registry, instances) = two_overloaded("no-budget").await;
     let client = ServiceClient::with_registry(registry.clone(), ServiceConfig::default());
@@ -207,7 +212,7 @@ fn ejected(client: &ServiceClient, address: &str) -> Option<&'static str> {
     stats.iter().find(|s| s.address == address).and_then(|s| s.ejected)
 }
 
-#[tokio::test(flavor = "current_thread")]
+#[tokio::test(start_paused = true)]
 async fn a_failing_instance_gets_no_calls_from_its_ejection_until_its_probe() {
     let (controller, registry) = controller("outlier").await;
     let good = instance(&registry, Behaviour::Ok).await;
@@ -226,20 +231,25 @@ async fn a_failing_instance_gets_no_calls_from_its_ejection_until_its_probe() {
     assert_eq!(bad.calls.load(Relaxed), 3);
     // Out of rotation: calls made while it stays out all go to the good instance.
     let mut while_out = 0;
-    while ejected(&client, &bad.address).is_some() {
+    wait_for(Duration::from_secs(60), "the probe to readmit the instance", async || {
+        if ejected(&client, &bad.address).is_none() {
+            return true;
+        }
         let before = bad.calls.load(Relaxed);
         client.call(&WORK, 1).await.unwrap();
         if ejected(&client, &bad.address).is_some() {
             while_out += 1;
             assert_eq!(bad.calls.load(Relaxed), before, "a call reached the ejected instance");
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        false
+    })
+    .await;
     assert!(while_out >= 20, "only {while_out} calls while it was out");
     assert_eq!(bad.calls.load(Relaxed), 3, "the probe is not a call");
     // Back after the probe (it answers, with errors): calls reach it again, and it is ejected
     // again after three more failures.
-    let t0 = Instant::now();
+    // The machine's clock: these calls wait on no timer, so the paused one would not move.
+    let t0 = std::time::Instant::now();
     while bad.calls.load(Relaxed) < 6 {
         assert!(t0.elapsed() < Duration::from_secs(30), "the readmitted instance got no calls");
         let _ = client.call(&WORK, 1).await;
@@ -250,7 +260,7 @@ async fn a_failing_instance_gets_no_calls_from_its_ejection_until_its_probe() {
     stop(vec![good, bad], controller).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_instance_far_slower_than_its_peers_is_ejected() {
     let (controller, registry) = controller("slow-outlier").await;
     let a = instance(&registry, Behaviour::Ok).await;
@@ -280,10 +290,12 @@ async fn an_instance_far_slower_than_its_peers_is_ejected() {
     stop(vec![a, b, slow], controller).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn peak_ewma_balancing_prefers_the_faster_instance() {
     let (controller, registry) = controller("ewma").await;
-    let fast = instance(&registry, Behaviour::Ok).await;
+    // On the paused clock an instant answer takes no time at all; the fast instance takes the
+    // tenth of a millisecond a real one would.
+    let fast = instance(&registry, Behaviour::Slow(Duration::from_micros(100))).await;
     let slow = instance(&registry, Behaviour::Slow(Duration::from_millis(20))).await;
     let config = ServiceConfig::default().balance(Balance::PeakEwma);
     let client = ServiceClient::with_registry(registry.clone(), config);

@@ -3,7 +3,7 @@
 //! Every test uses its own controller at its own address.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use volley::balance::{HashRing, hash_key};
@@ -45,6 +45,10 @@ impl Health for Named {
         Ok(true)
     }
 }
+
+#[path = "support/wait.rs"]
+mod wait;
+use wait::wait_for;
 
 async fn controller(tag: &str) -> (Controller, Registry) {
     let c = Controller::new(ControllerConfig::default().settle(Duration::ZERO));
@@ -163,11 +167,10 @@ async fn listen_and_register_registers_every_service_and_shutdown_removes_them()
 
     server.shutdown().await;
     // Shutdown revokes the lease (and waits for it): the registry lists nothing at once.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !registry.resolve(ShardMethods::SERVICE).await.unwrap().instances.is_empty() {
-        assert!(Instant::now() < deadline, "the instance is still listed after shutdown");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for(Duration::from_secs(10), "the instance to be unlisted after shutdown", async || {
+        registry.resolve(ShardMethods::SERVICE).await.unwrap().instances.is_empty()
+    })
+    .await;
     assert!(registry.resolve(HealthMethods::SERVICE).await.unwrap().instances.is_empty());
     controller.shutdown().await;
 }

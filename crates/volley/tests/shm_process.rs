@@ -13,6 +13,10 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use volley::{BatchOptions, Client, ClientConfig, Error, Method, Server};
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::{wait_for, wait_until};
+
 const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
 /// Answers after the given number of milliseconds.
 const SLOW: Method<u64, u64> = Method::new("echo", "slow");
@@ -64,6 +68,7 @@ fn echo_server(started: Arc<AtomicUsize>) -> Server {
         .handle(&SLOW, move |ms: u64| {
             started.fetch_add(1, Ordering::SeqCst);
             async move {
+                // Calls held in flight while a real process is killed under them.
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 Ok(ms)
             }
@@ -110,23 +115,13 @@ fn address(tag: &str) -> String {
 
 /// Connects to the peer's server once it listens.
 async fn connect_when_up(addr: &str, config: ClientConfig) -> Client {
-    let start = Instant::now();
-    loop {
-        match Client::connect_with(addr, config.clone()).await {
-            Ok(c) => return c,
-            Err(e) if start.elapsed() > DEADLINE => panic!("the peer never listened on {addr}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
-}
-
-/// Waits for `cond` to hold, up to [`DEADLINE`].
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let mut client = None;
+    wait_for(DEADLINE, &format!("the peer to listen on {addr}"), async || {
+        client = Client::connect_with(addr, config.clone()).await.ok();
+        client.is_some()
+    })
+    .await;
+    client.unwrap()
 }
 
 /// Mappings of this process that belong to connections to `addr` (the memory file is named
@@ -200,7 +195,7 @@ async fn a_server_killed_mid_batch_fails_every_pending_call_once_and_the_mapping
             tokio::spawn(async move { client.call(&SLOW, 600_000).await })
         })
         .collect();
-    wait_for("every call to be in flight", || client.pending_calls() == 110).await;
+    wait_until(DEADLINE, "every call to be in flight", || client.pending_calls() == 110).await;
     let killed = Instant::now();
     peer.kill();
     let results = tokio::time::timeout(DEADLINE, batch).await.expect("the batch ended").unwrap();
@@ -212,7 +207,7 @@ async fn a_server_killed_mid_batch_fails_every_pending_call_once_and_the_mapping
     // Far sooner than the 600 s the calls had.
     assert!(killed.elapsed() < DEADLINE, "pending calls failed after {:?}", killed.elapsed());
     assert_eq!(client.pending_calls(), 0);
-    wait_for("the mapping to be unmapped", || mappings_of(&addr) == 0).await;
+    wait_until(DEADLINE, "the mapping to be unmapped", || mappings_of(&addr) == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,14 +217,17 @@ async fn a_client_killed_mid_call_frees_its_connection_and_mapping_on_the_server
     let server = echo_server(started.clone());
     let bound = server.listen(&addr).await.unwrap().to_string();
     let mut peer = spawn_peer("call", &bound);
-    wait_for("the peer's 50 calls to reach their handler", || started.load(Ordering::SeqCst) == 50).await;
+    wait_until(DEADLINE, "the peer's 50 calls to reach their handler", || {
+        started.load(Ordering::SeqCst) == 50
+    })
+    .await;
     assert_eq!(server.connections().served, 1);
     assert_eq!(mappings_of(&addr), 1, "the server maps the client's memory file");
     peer.kill();
     // The server lets the handlers finish (as on every transport), then finds no one to reply
     // to and closes.
-    wait_for("the server to drop the connection", || server.connections().served == 0).await;
-    wait_for("the server to unmap the memory", || mappings_of(&addr) == 0).await;
+    wait_until(DEADLINE, "the server to drop the connection", || server.connections().served == 0).await;
+    wait_until(DEADLINE, "the server to unmap the memory", || mappings_of(&addr) == 0).await;
     // And it serves the next client as before.
     let client = Client::connect(&bound).await.unwrap();
     assert_eq!(client.call(&ECHO, pattern(100, 1)).await.unwrap(), pattern(100, 1));

@@ -15,6 +15,10 @@ use volley::{Client, Server, Status, StreamMethod, StreamOptions};
 
 struct Counting;
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::eventually;
+
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 
 unsafe impl GlobalAlloc for Counting {
@@ -38,18 +42,6 @@ const ITEMS: StreamMethod<u64, Bytes> = StreamMethod::new("mem", "items");
 const STREAMS: usize = 100;
 const ITEM_BYTES: usize = 64;
 
-/// Waits for `cond`, checking every 10 ms, for up to 30 s; says whether it came true.
-async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::time::Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    cond()
-}
-
 /// Heap held (bytes, over the idle connection) with `STREAMS` stalled streams of `window`.
 async fn stalled(window: u32) -> usize {
     let made = Arc::new(AtomicU64::new(0));
@@ -71,6 +63,7 @@ async fn stalled(window: u32) -> usize {
     // Warm up (buffers, tables), then measure from the idle connection.
     let warm = client.open_stream(&ITEMS, 0).await.unwrap().take(10_000).count().await;
     assert_eq!(warm, 10_000);
+    // The real heap settles (the warm-up stream's buffers go back) before the base is read.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let base = CURRENT.load(Ordering::SeqCst);
 
@@ -82,18 +75,19 @@ async fn stalled(window: u32) -> usize {
     // A stalled reader granted its window and nothing more: each producer makes exactly that.
     let want = STREAMS as u64 * u64::from(window);
     assert!(
-        eventually(|| made.load(Ordering::SeqCst) >= want).await,
+        eventually(Duration::from_secs(30), || made.load(Ordering::SeqCst) >= want).await,
         "the producers did not fill the windows"
     );
     // The items reach the client's side; then the heap stays where it is.
     let mut last = 0;
     assert!(
-        eventually(|| {
+        eventually(Duration::from_secs(30), || {
             let now = CURRENT.load(Ordering::SeqCst);
             std::mem::replace(&mut last, now) == now
         })
         .await
     );
+    // A window of real time in which a producer that ran past its credit would show.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let held = CURRENT.load(Ordering::SeqCst).saturating_sub(base);
     assert_eq!(made.load(Ordering::SeqCst), want, "a producer ran past its credit");

@@ -73,6 +73,7 @@ impl Shapes for Arc<Impl> {
             .then(move |i| {
                 let _keep = &guard;
                 async move {
+                    // A stream that ticks, on every transport (real sockets among them).
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     Ok(Item(i))
                 }
@@ -90,6 +91,10 @@ impl Shapes for Arc<Impl> {
             .boxed())
     }
 }
+
+#[path = "support/wait.rs"]
+mod wait;
+use wait::eventually;
 
 /// Where to serve: every transport this build has, each with the client config it needs.
 fn transports(tag: &str) -> Vec<(String, Option<ClientConfig>)> {
@@ -170,24 +175,14 @@ async fn errors_and_windows_hold_on_every_transport() {
         imp.taken.store(0, Ordering::SeqCst);
         let opts = StreamOptions::default().window(8);
         let s = c.double_with(futures_util::stream::iter((0..1_000_000).map(Item)), opts).await.unwrap();
+        // A window of real time in which a server ignoring the window would read on (real
+        // sockets, whose buffers would take the items).
         tokio::time::sleep(Duration::from_millis(300)).await;
         let taken = imp.taken.load(Ordering::SeqCst);
         assert!(taken <= 8 + 64 + 64, "{addr}: the server took {taken} items for a reader that reads none");
         drop(s);
         server.shutdown().await;
     }
-}
-
-/// Waits for `cond`, checking every 5 ms, for up to 30 s; says whether it came true.
-async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::time::Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    cond()
 }
 
 /// A reader that drops its stream mid-way, and one whose stream outlives its timeout, stop
@@ -202,7 +197,7 @@ async fn a_cancel_and_a_deadline_stop_the_producer_on_every_transport() {
         let first: Vec<Item> = c.ticks().await.unwrap().take(10).map(Result::unwrap).collect().await;
         assert_eq!(first, (0..10).map(Item).collect::<Vec<_>>(), "{addr}");
         assert!(
-            eventually(|| imp.dropped.load(Ordering::SeqCst) == 1).await,
+            eventually(Duration::from_secs(30), || imp.dropped.load(Ordering::SeqCst) == 1).await,
             "{addr}: the cancel left the producer running"
         );
 
@@ -220,7 +215,7 @@ async fn a_cancel_and_a_deadline_stop_the_producer_on_every_transport() {
             "{addr}: the stream ended with {end:?} after {items} items"
         );
         assert!(
-            eventually(|| imp.dropped.load(Ordering::SeqCst) == 2).await,
+            eventually(Duration::from_secs(30), || imp.dropped.load(Ordering::SeqCst) == 2).await,
             "{addr}: the deadline left the producer running"
         );
         server.shutdown().await;
@@ -240,12 +235,12 @@ async fn a_dropped_upload_is_not_taken_for_a_whole_one_on_every_transport() {
         let mut upload = Box::pin(c.sum(items));
         let taken = tokio::select! {
             r = &mut upload => panic!("{addr}: the upload ended with {r:?}"),
-            taken = eventually(|| imp.taken.load(Ordering::SeqCst) == 3) => taken,
+            taken = eventually(Duration::from_secs(30), || imp.taken.load(Ordering::SeqCst) == 3) => taken,
         };
         assert!(taken, "{addr}: the handler did not get the items");
         drop(upload);
         assert!(
-            eventually(|| imp.sums_ended.load(Ordering::SeqCst) == 1).await,
+            eventually(Duration::from_secs(30), || imp.sums_ended.load(Ordering::SeqCst) == 1).await,
             "{addr}: the handler ran on"
         );
         assert_eq!(imp.sums_answered.load(Ordering::SeqCst), 0, "{addr}: a dropped upload was summed");

@@ -47,6 +47,10 @@ fn counted(
     })
 }
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::eventually;
+
 fn server(produced: &Arc<Produced>) -> Server {
     let (p1, p2) = (produced.clone(), produced.clone());
     Server::builder()
@@ -57,6 +61,8 @@ fn server(produced: &Arc<Produced>) -> Server {
         .handle_stream(&FOREVER, move |pause_ms| {
             let s = counted(p2.clone(), 0..).then(move |i| async move {
                 if pause_ms > 0 {
+                    // A producer that takes its time between items, on the machine's clock:
+                    // these streams cross real sockets.
                     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
                 }
                 i
@@ -71,18 +77,6 @@ fn server(produced: &Arc<Produced>) -> Server {
         })
         .handle_fn(&ECHO, Ok)
         .build()
-}
-
-/// Waits for `cond`, checking every 5 ms, for up to `within`; says whether it came true.
-async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < end {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    cond()
 }
 
 async fn serve(produced: &Arc<Produced>, addr: &str) -> (Server, Client) {
@@ -128,7 +122,9 @@ async fn the_credit_window_bounds_the_producer_of_a_slow_consumer() {
         assert_eq!(s.next().await.unwrap().unwrap(), i);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Taken 10: the window, plus one grant of half a window after 8.
+    // Taken 10: the window, plus one grant of half a window after 8. A window of real time in
+    // which a producer that ignored its credit would run past it (over a real socket, whose
+    // buffers would take it).
     let granted = u64::from(WINDOW + WINDOW / 2);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pulled = produced.items.load(Ordering::SeqCst);
@@ -387,6 +383,8 @@ async fn many_streams_do_not_starve_calls() {
         let t0 = tokio::time::Instant::now();
         assert_eq!(client.call(&ECHO, i).await.unwrap(), i);
         worst = worst.max(t0.elapsed());
+        // Calls spread over half a second of the machine's clock, beside streams on a real
+        // socket: the worst wait among them is the measure.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -601,6 +599,8 @@ async fn a_million_items_to_a_reader_that_is_slow_then_fast() {
     let mut worst = 0;
     for i in 0..50 {
         assert_eq!(s.next().await.unwrap().unwrap(), i);
+        // A slow reader on the machine's clock: a producer ignoring its credit would fill the
+        // real socket's buffers meanwhile.
         tokio::time::sleep(Duration::from_millis(100)).await;
         worst = worst.max(ahead(i + 1));
     }

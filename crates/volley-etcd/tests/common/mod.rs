@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use volley_etcd::pb;
 
@@ -150,17 +150,13 @@ impl Etcd {
 
     /// Waits until a read answers (a loaded machine may take a while).
     async fn wait_ready(&mut self) {
-        let t0 = Instant::now();
-        loop {
-            if self.ready().await {
-                return;
-            }
+        wait_for(Duration::from_secs(60), "etcd to answer", async || {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("etcd exited at start ({status}):\n{}", self.log());
             }
-            assert!(t0.elapsed() < Duration::from_secs(60), "etcd did not answer within 60 s");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            self.ready().await
+        })
+        .await;
     }
 
     async fn ready(&self) -> bool {
@@ -238,12 +234,6 @@ fn telling(line: &str) -> bool {
         || ["leader", "election", "candidate"].iter().any(|w| line.contains(w))
 }
 
-/// Waits (up to `within`) until `cond` holds; returns how long that took.
-pub async fn wait_for(within: Duration, what: &str, mut cond: impl AsyncFnMut() -> bool) -> Duration {
-    let t0 = Instant::now();
-    while !cond().await {
-        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    t0.elapsed()
-}
+#[path = "../../../volley/tests/support/wait.rs"]
+mod wait;
+pub use wait::wait_for;
