@@ -75,6 +75,23 @@ impl Etcd {
 
     /// A cluster of `n` members on 127.0.0.1, each with its own ports and data directory.
     pub async fn start_cluster(n: usize) -> Vec<Etcd> {
+        // A free port is only free when it was probed: another process's connection may take
+        // it before etcd binds it (more likely on a loaded machine). Such a start is tried
+        // again on other ports; any other failure to start is the test's.
+        for attempt in 1.. {
+            match Etcd::try_start_cluster(n).await {
+                Ok(members) => return members,
+                Err(log) if attempt < 3 && log.contains("address already in use") => {
+                    eprintln!("etcd could not bind its ports (attempt {attempt}); again on others");
+                }
+                Err(log) => panic!("etcd exited at start:\n{log}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// Starts a cluster; `Err` with the log of a member that exited at start.
+    async fn try_start_cluster(n: usize) -> Result<Vec<Etcd>, String> {
         let bin = etcd_binary();
         let mut members: Vec<Etcd> = (0..n)
             .map(|i| Etcd {
@@ -95,9 +112,9 @@ impl Etcd {
         }
         // A member answers once a quorum is up: start them all, then wait for each.
         for m in &mut members {
-            m.wait_ready().await;
+            m.wait_ready().await?;
         }
-        members
+        Ok(members)
     }
 
     fn data_dir(&self) -> &Path {
@@ -116,7 +133,9 @@ impl Etcd {
 
     async fn spawn(&mut self) {
         self.launch();
-        self.wait_ready().await;
+        if let Err(log) = self.wait_ready().await {
+            panic!("etcd exited at start:\n{log}");
+        }
     }
 
     fn launch(&mut self) {
@@ -148,15 +167,19 @@ impl Etcd {
         self.child = Some(child);
     }
 
-    /// Waits until a read answers (a loaded machine may take a while).
-    async fn wait_ready(&mut self) {
+    /// Waits until a read answers (a loaded machine may take a while); `Err` with etcd's log
+    /// if it exited instead.
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let mut exited = None;
         wait_for(Duration::from_secs(60), "etcd to answer", async || {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("etcd exited at start ({status}):\n{}", self.log());
+                exited = Some(format!("({status})\n{}", self.log()));
+                return true;
             }
             self.ready().await
         })
         .await;
+        exited.map_or(Ok(()), Err)
     }
 
     async fn ready(&self) -> bool {
