@@ -258,9 +258,10 @@ impl Pool {
                     None => {
                         let e = Arc::new(Endpoint::new(i, self.stats.clone(), self.config.prefer_local));
                         if runtime.is_some() {
-                            // The first list has no connected instance to prefer: its
-                            // instances stay in rotation while they connect.
-                            e.warming().store(!cur.listed.is_empty(), Relaxed);
+                            // Also in the first list: while none of it is connected, all of
+                            // it is in rotation (see `install`); once one is, calls go to the
+                            // connected ones rather than to addresses still being tried.
+                            e.warming().store(true, Relaxed);
                             fresh.push(e.clone());
                         }
                         e
@@ -687,6 +688,24 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(p.pick(&v, &Pick::Balanced, &[]).unwrap().address, "tcp://h:2");
         }
+    }
+
+    /// The first list too: while none of it is connected all of it is tried; once one is,
+    /// the others wait out of rotation until their own connections are made.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_first_list_is_in_rotation_until_one_of_it_is_connected() {
+        let p = pool(Balance::RoundRobin);
+        // The background connections are spawned here and do not run before this test yields.
+        p.apply(resolved(1, 1, false, vec![inst(1, "tcp://h:1", 1), inst(2, "tcp://h:2", 1)]));
+        let v = p.view();
+        assert!(v.listed.iter().all(|e| e.warming().load(Relaxed)), "the first list is warmed too");
+        assert_eq!(v.active.len(), 2, "none connected yet: every instance is tried");
+        let one = v.listed.iter().find(|e| e.address == "tcp://h:1").unwrap();
+        one.warming().store(false, Relaxed);
+        p.reinstall();
+        let v = p.view();
+        let active: Vec<&str> = v.active.iter().map(|e| e.address.as_str()).collect();
+        assert_eq!(active, ["tcp://h:1"], "the connected instance alone");
     }
 
     #[test]
