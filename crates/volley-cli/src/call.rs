@@ -14,7 +14,7 @@ use volley::service_client::ServiceConfig;
 use volley::{BatchOptions, CallOptions, Client, ClientConfig, Error, Method, ServiceClient};
 
 use crate::output::outln;
-use crate::payload::{self, Options};
+use crate::payload::{self, Options, Shape};
 
 /// Where the server is: an address, or a service's instances through a registry.
 #[derive(Args, Clone)]
@@ -39,8 +39,9 @@ pub struct CallArgs {
     service: String,
     /// The method.
     method: String,
-    /// The request as JSON (a string, number, object, array, or null). Omit it for a method
-    /// that takes no value, or with --batch.
+    /// The request as JSON (a string, number, object, array, or null; for a protobuf message,
+    /// an object in protobuf's JSON mapping). Omit it for a method that takes no value, or
+    /// with --batch.
     json: Option<String>,
     /// Read one request (JSON) per line of standard input and print one result per line, in
     /// order; the exit status is 1 if any failed.
@@ -214,6 +215,7 @@ pub fn call(args: CallArgs) -> Result<bool, String> {
                 ),
             }
         })?;
+        let (request_shape, reply_shape) = (Shape::of(&m.request), Shape::of(&m.reply));
         // The names live as long as the process: a method descriptor holds static names.
         let method: Method<Bytes, Bytes> =
             Method::new(Box::leak(args.service.clone().into()), Box::leak(args.method.clone().into()));
@@ -229,7 +231,7 @@ pub fn call(args: CallArgs) -> Result<bool, String> {
                 let v: Value =
                     serde_json::from_str(l).map_err(|e| format!("line {}: not JSON: {e}", i + 1))?;
                 let payload =
-                    payload::encode(&m.request, &v, opts).map_err(|e| format!("line {}: {e}", i + 1))?;
+                    payload::encode(&request_shape, &v, opts).map_err(|e| format!("line {}: {e}", i + 1))?;
                 requests.push(Bytes::from(payload));
             }
             let results = match &caller {
@@ -251,7 +253,7 @@ pub fn call(args: CallArgs) -> Result<bool, String> {
             let mut all_ok = true;
             for r in results {
                 match r.map_err(|e| error_json(&e)).and_then(|p| {
-                    payload::decode(&m.reply, &p, opts)
+                    payload::decode(&reply_shape, &p, opts)
                         .map_err(|e| serde_json::json!({"error": {"message": e}}))
                 }) {
                     Ok(v) => outln!("{v}"),
@@ -273,7 +275,7 @@ pub fn call(args: CallArgs) -> Result<bool, String> {
                 ));
             }
         };
-        let request = Bytes::from(payload::encode(&m.request, &v, opts)?);
+        let request = Bytes::from(payload::encode(&request_shape, &v, opts)?);
         let o = CallOptions::default().timeout(timeout);
         let reply = match (&caller, &args.key) {
             (Caller::Direct(c), _) => c.call_with(&method, request, o).await,
@@ -282,7 +284,7 @@ pub fn call(args: CallArgs) -> Result<bool, String> {
         };
         match reply {
             Ok(p) => {
-                outln!("{}", payload::decode(&m.reply, &p, opts)?);
+                outln!("{}", payload::decode(&reply_shape, &p, opts)?);
                 Ok(true)
             }
             Err(e) => Err(error_line(&e)),

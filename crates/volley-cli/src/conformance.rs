@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use volley_conformance::client_side::ClientSide;
+use volley_conformance::evolution::{self, Release};
 use volley_conformance::going_away::{self, Plan, Step};
 use volley_conformance::json::unhex_checked;
 use volley_conformance::{Report, driver, interop, server_side};
@@ -83,6 +84,25 @@ enum Side {
         #[arg(long)]
         token: Option<String>,
     },
+    /// Serve `evolve/json`, `evolve/msgpack` and `evolve/proto` at ADDR (port 0: any) with the
+    /// old or the new release of their item type (the new one adds a field with a default)
+    /// until interrupted: the Rust server of the cross-language evolution tests
+    /// (PROTOCOL.md §15.5).
+    EvolutionServe {
+        addr: String,
+        /// old or new.
+        #[arg(long)]
+        release: Release,
+    },
+    /// Call `evolve/json`, `evolve/msgpack` and `evolve/proto` at ADDR once each with the old
+    /// or the new release of their item type, and print what the replies decoded to, as one
+    /// JSON object by tier: the Rust client of the cross-language evolution tests.
+    EvolutionCall {
+        addr: String,
+        /// old or new.
+        #[arg(long)]
+        release: Release,
+    },
     /// The reference stable hash (PROTOCOL.md §15.2; with --seed, the seeded XXH3-64 of the
     /// hash ring, §16.6) of each line of hex on stdin, one lower-case hex hash per line: for
     /// checking another implementation's hash against this one.
@@ -129,6 +149,19 @@ pub fn run(args: ConformanceArgs) -> Result<(), String> {
             verdict(runtime.block_on(going_away::check(&addr, token.as_deref(), plan, prompt)))
         }
         Side::Serve { addr, token } => runtime.block_on(serve(&addr, token.as_deref())),
+        Side::EvolutionServe { addr, release } => runtime.block_on(async {
+            let server = evolution::server(release);
+            let bound = server.listen(&addr).await.map_err(|e| format!("listening on {addr}: {e}"))?;
+            // Tests wait for this line: it carries the port picked for port 0.
+            println!("evolution server on {bound}");
+            tokio::signal::ctrl_c().await.map_err(|e| format!("waiting for Ctrl-C: {e}"))?;
+            server.shutdown().await;
+            Ok(())
+        }),
+        Side::EvolutionCall { addr, release } => {
+            println!("{}", runtime.block_on(evolution::call(&addr, release))?);
+            Ok(())
+        }
         Side::Hash { seed } => hash_lines(seed),
     }
 }

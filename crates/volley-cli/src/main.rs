@@ -11,6 +11,7 @@ mod health;
 mod output;
 mod overload_bench;
 mod payload;
+mod protobuf;
 mod refusal;
 mod registry_bench;
 mod rolling_bench;
@@ -154,7 +155,11 @@ enum Command {
     ///
     /// seq 1000 | volley call --connect tcp://127.0.0.1:7411 math square --batch
     ///
-    /// A failed call exits with status 1 and prints its error code and message.
+    /// volley call --connect tcp://127.0.0.1:7400 shop.v1 buy '{"sku":"tea","qty":2}'
+    ///
+    /// A protobuf method (the last) takes and prints protobuf's JSON mapping, through the
+    /// descriptor set its server's reflection hands out. A failed call exits with status 1 and
+    /// prints its error code and message.
     Call(call::CallArgs),
     /// A process's methods from its admin endpoint (`--admin` of serve-echo, controller):
     /// calls/s, errors/s, p50/p99/p99.9 and batch sizes over the last seconds, redrawn every

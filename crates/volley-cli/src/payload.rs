@@ -2,12 +2,16 @@
 //! format a server's reflection names (`volley.reflect`; docs/PROTOCOL.md, *Reflection*).
 //! Formats whose bytes carry no field names (bitcode, plain-data structs, hand-written
 //! encodings) cannot be built from JSON: they are refused with the reason, and travel as
-//! base64 only when asked (`--base64`).
+//! base64 only when asked (`--base64`). Protobuf is built and read through the message's
+//! descriptor, which reflection hands out with the type (`protobuf.rs`).
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use prost_reflect::MessageDescriptor;
 use serde_json::{Value, json};
 use volley::reflect::TypeInfo;
+
+use crate::protobuf;
 
 /// How bytes and unknown formats are read from and written as JSON.
 #[derive(Clone, Copy, Debug, Default)]
@@ -16,8 +20,30 @@ pub struct Options {
     pub base64: bool,
 }
 
-/// The payload of `v` for a value of type `t`.
-pub fn encode(t: &TypeInfo, v: &Value, o: Options) -> Result<Vec<u8>, String> {
+/// A type as reflection names it, made ready once for many payloads: a protobuf message's
+/// descriptor is read from its descriptor set here, not per payload.
+pub struct Shape {
+    t: TypeInfo,
+    /// For a protobuf type: its message, or why it cannot be had.
+    message: Option<Result<MessageDescriptor, String>>,
+}
+
+impl Shape {
+    pub fn of(t: &TypeInfo) -> Shape {
+        let message = (t.format == "protobuf").then(|| protobuf::message(t));
+        Shape { t: t.clone(), message }
+    }
+}
+
+/// The payload of `v` for a value of type `s`.
+pub fn encode(s: &Shape, v: &Value, o: Options) -> Result<Vec<u8>, String> {
+    let t = &s.t;
+    match &s.message {
+        Some(Ok(m)) => return protobuf::encode(m, v),
+        // With --base64 the payload is given whole, as for any format JSON cannot describe.
+        Some(Err(why)) if !o.base64 => return Err(why.clone()),
+        _ => {}
+    }
     let format = t.format.as_str();
     match format {
         "json" => Ok(serde_json::to_vec(v).expect("a JSON value always encodes")),
@@ -53,8 +79,12 @@ pub fn encode(t: &TypeInfo, v: &Value, o: Options) -> Result<Vec<u8>, String> {
     }
 }
 
-/// The JSON of a reply payload of type `t`.
-pub fn decode(t: &TypeInfo, payload: &[u8], o: Options) -> Result<Value, String> {
+/// The JSON of a reply payload of type `s`.
+pub fn decode(s: &Shape, payload: &[u8], o: Options) -> Result<Value, String> {
+    let t = &s.t;
+    if let Some(Ok(m)) = &s.message {
+        return protobuf::decode(m, payload);
+    }
     let format = t.format.as_str();
     match format {
         "json" => serde_json::from_slice(payload).map_err(|e| format!("the reply is not JSON: {e}")),
@@ -116,7 +146,7 @@ fn opaque(t: &TypeInfo, v: &Value, o: Options) -> Result<Vec<u8>, String> {
     let why = match t.format.as_str() {
         "bitcode" | "bitcode-serde" => "bitcode (the fast tier) carries no field names",
         "pod" => "a plain-data struct is its memory, with no field names",
-        "protobuf" => "protobuf needs the message's descriptor, which reflection does not carry yet",
+        "protobuf" => "the server hands out no descriptor for it",
         _ => "its encoding is hand-written",
     };
     Err(format!(
@@ -225,11 +255,16 @@ fn from_le(n: &str, b: &[u8]) -> Result<Value, String> {
 mod tests {
     use super::*;
 
-    fn t(format: &str, name: &str) -> TypeInfo {
-        TypeInfo { name: name.into(), tier: "x".into(), format: format.into(), ..TypeInfo::default() }
+    fn t(format: &str, name: &str) -> Shape {
+        Shape::of(&TypeInfo {
+            name: name.into(),
+            tier: "x".into(),
+            format: format.into(),
+            ..TypeInfo::default()
+        })
     }
 
-    fn round(ty: &TypeInfo, v: Value, o: Options) -> Value {
+    fn round(ty: &Shape, v: Value, o: Options) -> Value {
         decode(ty, &encode(ty, &v, o).unwrap(), o).unwrap()
     }
 

@@ -8,13 +8,16 @@
 //!   against a client under test, whose driver asks it for each call to make and reports
 //!   what the call ended with;
 //! - [`going_away::check`] streams a batch through a server that is made to go away mid-batch,
-//!   and checks that every call ended exactly once.
+//!   and checks that every call ended exactly once;
+//! - [`evolution`] serves and calls with an old or a new release of a type in each tier other
+//!   languages read, for the cross-language evolution tests.
 //!
 //! This crate's tests check the Rust implementation against every case, and run both
 //! runners against the Rust server and client.
 
 pub mod client_side;
 pub mod driver;
+pub mod evolution;
 pub mod going_away;
 pub mod interop;
 pub mod json;
