@@ -836,6 +836,14 @@ async fn balancing_spreads_calls_and_counters_match_the_wire() {
     for balance in [Balance::RoundRobin, Balance::LeastOutstanding] {
         let config = service_config(Mode::Direct).balance(balance);
         let client = ServiceClient::connect_with(&reg_addr, config).await.unwrap();
+        // The spread is measured once both instances are connected: while one is still
+        // connecting, calls go to the one that is (balance/pool.rs, warming).
+        client.call(&WHO, 0).await.unwrap();
+        wait_until(Duration::from_secs(20), "connections to both instances", || {
+            let stats = client.instance_stats(SERVICE);
+            stats.len() == 2 && stats.iter().all(|i| i.connected_to.is_some())
+        })
+        .await;
         let mut count = HashMap::new();
         for _ in 0..400 {
             *count.entry(client.call(&WHO, 0).await.unwrap()).or_insert(0) += 1;
