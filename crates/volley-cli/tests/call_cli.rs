@@ -2,11 +2,15 @@
 //! example service and a JSON service, by address and by name through a registry; one call,
 //! a batch of 1,000 lines, an error.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
 
 use serde::{Deserialize, Serialize};
 use volley::{Server, Status};
+
+#[path = "support/volley_run.rs"]
+mod volley_run;
+use volley_run::{run, volley};
 
 /// The README's example service.
 #[volley::service]
@@ -64,29 +68,6 @@ impl Shop for Till {
     fn fast(&self, o: Opaque) -> Result<Opaque, Status> {
         Ok(o)
     }
-}
-
-fn volley() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_volley"));
-    c.env_remove("VOLLEY_TOKEN");
-    c
-}
-
-/// Runs `volley args` with `stdin`; returns whether it succeeded, its stdout and its stderr.
-fn run(args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut child = volley()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let text = stdin.to_string();
-    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    (out.status.success(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
 }
 
 /// A runtime serving the README's service and the shop on tcp; returns it, the server and

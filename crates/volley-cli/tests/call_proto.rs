@@ -3,28 +3,11 @@
 //! set the server's reflection hands out, the reply printed in protobuf's JSON mapping; one
 //! call, a batch of 1,000 lines, errors.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use serde_json::{Value, json};
 
-/// Runs `volley args` with `stdin`; returns whether it succeeded, its stdout and its stderr.
-fn run(args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_volley"))
-        .env_remove("VOLLEY_TOKEN")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let text = stdin.to_string();
-    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    (out.status.success(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
-}
+#[path = "support/volley_run.rs"]
+mod volley_run;
+use volley_run::run;
 
 fn json_lines(out: &str) -> Vec<Value> {
     out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"))).collect()
