@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 
 use super::clock;
@@ -28,8 +29,14 @@ use crate::transport::stream::ByteStream;
 use tokio::time::Instant;
 
 pub(crate) struct StreamConn {
-    /// Cancelled when the connection fails: stops the reader and the keepalive task.
+    /// Cancelled when the connection fails: stops the keepalive task (and the reader while it
+    /// waits for the preamble).
     dead: tokio_util::sync::CancellationToken,
+    /// The read loop's task while it waits for bytes, woken when the connection fails
+    /// elsewhere (`ended` set). Polling the token's wait each time the reader parked cost
+    /// ~250 instructions per lone call's round trip (its waiter list sits behind a lock);
+    /// this is a compare-and-swap and a load (scripts/callcost.py, tcp-1).
+    reader: AtomicWaker,
     /// Read turns so far (the keepalive task compares it between its ticks).
     reads: AtomicU64,
     outbox: Outbox,
@@ -141,6 +148,7 @@ impl StreamConn {
         }
         let conn = Arc::new(StreamConn {
             dead: Default::default(),
+            reader: AtomicWaker::new(),
             reads: AtomicU64::new(0),
             outbox,
             pending: Pending::default(),
@@ -229,6 +237,7 @@ impl StreamConn {
     fn fail(&self, err: Error) {
         let _ = self.ended.set(err.clone());
         self.dead.cancel();
+        self.reader.wake();
         self.alive.store(false, Ordering::Relaxed);
         // What no write was handed yet never left this process: those calls never ran, and a
         // `ServiceClient` sends them elsewhere whatever their method. What was handed to the
@@ -274,16 +283,12 @@ impl StreamConn {
         mut reader: FrameReader<R>,
         preamble_within: Duration,
     ) {
-        // One wait for the connection's failure for its whole life: a new one per turn joined
-        // and left the token's waiter list (a lock each time), ~190 instructions per read.
-        let dead = self.dead.cancelled();
-        tokio::pin!(dead);
         let mut read = tokio::select! {
             r = self.read_preamble(&mut reader, preamble_within) => match r {
                 Some(r) => r,
                 None => return,
             },
-            () = &mut dead => return,
+            () = self.failed_elsewhere() => return,
         };
         let mut turn = Turn::default();
         let err = loop {
@@ -297,10 +302,18 @@ impl StreamConn {
                 biased;
                 r = reader.read_batch(&mut turn.batch, usize::MAX, &self.counters) => r,
                 // Failed elsewhere (keepalive, writer): `fail` already ended every call.
-                () = &mut dead => return,
+                () = self.failed_elsewhere() => return,
             };
         };
         self.fail(err);
+    }
+
+    /// Completes once the connection has failed (`fail` sets `ended`, then wakes `reader`).
+    fn failed_elsewhere(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| {
+            self.reader.register(cx.waker());
+            if self.ended.get().is_some() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+        })
     }
 
     /// Reads the server's preamble on its own, before any frame: calls that have extensions to

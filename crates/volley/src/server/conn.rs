@@ -171,6 +171,7 @@ async fn turns(
     // the token's waiter list (a lock each time), ~350 instructions per lone round trip.
     let shutdown = shared.shutdown.cancelled();
     tokio::pin!(shutdown);
+    let mut shutdown_seen = Registered::default();
     let mut reads = 0u64;
     loop {
         let read = tokio::select! {
@@ -180,7 +181,10 @@ async fn turns(
                 outbox.wait_queued_below(MAX_UNSENT).await;
                 reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters).await
             } => r,
-            () = &mut shutdown => return End::Shutdown,
+            () = std::future::poll_fn(|cx| {
+                let closing = shared.closing.load(std::sync::atomic::Ordering::Acquire);
+                shutdown_seen.poll(shutdown.as_mut(), cx, closing)
+            }) => return End::Shutdown,
             () = &mut tick, if liveness.is_some() => {
                 let live = liveness.as_mut().expect("checked by the branch condition");
                 match live.poll(Instant::now().into_std(), reads) {
@@ -218,6 +222,34 @@ async fn turns(
             Err(e @ ReadError::OverBudget(_)) => return End::OverBudget(e.to_string()),
             Err(e) => return End::Io(e.to_string()),
         }
+    }
+}
+
+/// A wait that the connection's `select!` polls each time its task parks, nearly always to find
+/// it not ready. Once polled with the task's waker, a pending tokio wait wakes that waker itself
+/// when it becomes ready, so polling it again with the same waker is skipped until `may_be_ready`
+/// (a flag set before the wait completes) says otherwise. Polled every time, the shutdown
+/// token's wait re-took its lock, ~200 instructions per lone round trip (scripts/callcost.py,
+/// tcp-1). Only for waits outside tokio's cooperative budget: a timer whose budget ran out
+/// returns pending without registering anything, and must be polled again.
+#[derive(Default)]
+struct Registered {
+    waker: Option<std::task::Waker>,
+}
+
+impl Registered {
+    fn poll<F: std::future::Future>(
+        &mut self,
+        wait: std::pin::Pin<&mut F>,
+        cx: &mut std::task::Context<'_>,
+        may_be_ready: bool,
+    ) -> std::task::Poll<F::Output> {
+        if !may_be_ready && self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return std::task::Poll::Pending;
+        }
+        let polled = wait.poll(cx);
+        self.waker = polled.is_pending().then(|| cx.waker().clone());
+        polled
     }
 }
 
