@@ -23,7 +23,7 @@ use super::offload::offloaded;
 use super::peer::Peer;
 use super::replies::{Replies, expire};
 use super::running::Running;
-use super::shared::Shared;
+use super::shared::{DROPPED_AT_DEADLINE, Shared};
 use super::stream::ConnStreams;
 use crate::proto::encode::FrameBuilder;
 use crate::proto::message::{as_str, shape};
@@ -33,10 +33,6 @@ use crate::transport::outbox::Outbox;
 
 /// The error of a request whose client cancelled it while its handler ran.
 const CANCELLED: &str = "the client cancelled the request";
-
-/// The error a request still running at a shutdown's drain deadline gets. Its handler may have
-/// partly run.
-const DROPPED_AT_DEADLINE: &str = "the server shut down: its drain deadline passed before this request finished (the handler may have partly run)";
 
 thread_local! {
     /// The answers of the turn running on this thread. One per thread, not per connection: a

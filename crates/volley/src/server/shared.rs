@@ -23,8 +23,13 @@ use super::router::Router;
 use crate::error::Status;
 use crate::metrics::scrape::RegistrySource;
 use crate::metrics::stats::Counters;
+use crate::proto::Code;
 use crate::transport::Address;
 use crate::transport::inproc::{LocalServer, Started};
+
+/// The error a request still running at a shutdown's drain deadline gets. Its handler may have
+/// partly run.
+pub(crate) const DROPPED_AT_DEADLINE: &str = "the server shut down: its drain deadline passed before this request finished (the handler may have partly run)";
 
 pub(crate) struct Shared {
     pub(crate) router: Router,
@@ -193,5 +198,13 @@ impl LocalServer for Shared {
 
     fn closed(&self) -> BoxFuture<'static, ()> {
         Box::pin(self.shutdown.clone().cancelled_owned())
+    }
+
+    fn aborted(&self) -> BoxFuture<'static, Status> {
+        let abort = self.abort.clone();
+        Box::pin(async move {
+            abort.cancelled_owned().await;
+            Status::new(Code::ShuttingDown, DROPPED_AT_DEADLINE)
+        })
     }
 }

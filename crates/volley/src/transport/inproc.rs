@@ -84,6 +84,9 @@ pub(crate) trait LocalServer: Send + Sync {
     fn is_open(&self) -> bool;
     /// Completes when the server starts shutting down.
     fn closed(&self) -> BoxFuture<'static, ()>;
+    /// Completes when a shutdown's drain deadline passed, with the answer a call still running
+    /// then gets: its handler is dropped, as a socket server drops it.
+    fn aborted(&self) -> BoxFuture<'static, Status>;
 }
 
 static SERVERS: LazyLock<Mutex<HashMap<String, Weak<dyn LocalServer>>>> = LazyLock::new(Default::default);
@@ -354,5 +357,11 @@ async fn wait<T>(
         tokio::task::consume_budget().await;
         return Ok(v);
     }
-    tokio::time::timeout(timeout, fut).await.map_err(|_| Error::Timeout(timeout))
+    // The handler runs in the caller's task, so the server cannot drop it itself when its
+    // shutdown's deadline passes: the call watches for that.
+    tokio::select! {
+        biased;
+        done = tokio::time::timeout(timeout, fut) => done.map_err(|_| Error::Timeout(timeout)),
+        status = server.aborted() => Err(Error::Remote(status)),
+    }
 }
