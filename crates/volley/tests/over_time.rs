@@ -40,6 +40,7 @@ fn server(calls: Arc<AtomicU64>) -> Server {
         .handle(&WORK, move |ms: u64| {
             c.fetch_add(1, Relaxed);
             async move {
+                // The work's time, on the paused clock.
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 Ok(ms)
             }
@@ -121,6 +122,7 @@ async fn a_renewed_lease_keeps_its_instance_listed_for_many_lease_times() {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(60) {
         assert_eq!(listed(&registry).await, std::slice::from_ref(&i.address), "at {:?}", t0.elapsed());
+        // Looked at four times a second (paused clock: simulated time passes).
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(i.registration.registrations(), 1, "never registered again: the lease never lapsed");
@@ -232,6 +234,7 @@ async fn the_budgets_reserve_refills_by_the_second() {
     for _ in 0..100 {
         let e = client.call_with(&FAIL, 0, CallOptions::default().idempotent()).await.unwrap_err();
         assert_eq!(e.code(), Some(Code::Overloaded), "{e}");
+        // Ten calls a second, on the paused clock: the reserve refills with simulated time.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let attempts = a.calls.load(Relaxed) + b.calls.load(Relaxed);
@@ -397,6 +400,7 @@ async fn direct_calls_go_on_while_the_controller_is_down() {
     c.shutdown().await;
     for k in 0..100 {
         assert_eq!(client.call(&WORK, 1).await, Ok(1), "call {k} while the controller is down");
+        // Calls spread over the outage (paused clock).
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(a.calls.load(Relaxed) + b.calls.load(Relaxed), 101);
@@ -498,7 +502,6 @@ async fn an_unreachable_instance_is_probed_back_once_it_serves() {
     let t0 = Instant::now();
     wait_for(Duration::from_secs(120), "a call to reach the revived instance", async || {
         client.call(&WORK, 1).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(10)).await;
         calls.load(Relaxed) > 0
     })
     .await;
@@ -507,5 +510,102 @@ async fn an_unreachable_instance_is_probed_back_once_it_serves() {
     assert!(t0.elapsed() < Duration::from_secs(4), "back only after {:?}", t0.elapsed());
     revived.shutdown().await;
     live.server.shutdown().await;
+    c.shutdown().await;
+}
+
+/// Retries and hedges get what is left of the call's time, never a fresh timeout: an
+/// idempotent call with a 100 ms deadline to two instances that both take 150 ms, hedged after
+/// 30 ms, ends with `Timeout` at 100 ms — not at 130 ms (a fresh timeout for the hedge) or later.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_gets_what_is_left_of_the_calls_time() {
+    let (c, ctl) = controller().await;
+    let registry = Registry::connect(&ctl).await.unwrap();
+    let a = instance(&registry, LeaseConfig::default()).await;
+    let b = instance(&registry, LeaseConfig::default()).await;
+    let config = ServiceConfig::default()
+        .hedge(Hedge::After(Duration::from_millis(30)))
+        .retry_budget(RetryBudget::default().ratio(1.0));
+    let client = ServiceClient::with_registry(registry.clone(), config);
+    assert_eq!(client.call(&WORK, 1).await, Ok(1), "resolved and connected");
+    let deadline = Duration::from_millis(100);
+    for _ in 0..10 {
+        let t0 = Instant::now();
+        let r = client.call_with(&WORK, 150, CallOptions::default().idempotent().timeout(deadline)).await;
+        let took = t0.elapsed();
+        assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+        assert!(took >= deadline && took < deadline + Duration::from_millis(5), "ended after {took:?}");
+    }
+    assert_eq!(client.stats().hedges, 10, "each call hedged once");
+    for i in [a, b] {
+        i.server.shutdown().await;
+    }
+    c.shutdown().await;
+}
+
+/// An instance whose lease lapses (registered by hand, never renewed, its server still up)
+/// leaves a caller's rotation once the controller drops it and the caller's watch says so:
+/// after its lease time plus a second, no call reaches it.
+#[tokio::test(start_paused = true)]
+async fn an_instance_whose_lease_lapses_leaves_the_callers_rotation() {
+    let (c, ctl) = controller().await;
+    let registry = Registry::connect(&ctl).await.unwrap();
+    let kept = instance(&registry, LeaseConfig::default()).await;
+    let lapsing_calls = Arc::new(AtomicU64::new(0));
+    let lapsing = server(lapsing_calls.clone());
+    let addr = lapsing.listen(&unique("lapsing")).await.unwrap().to_string();
+    let raw = Client::connect(&ctl).await.unwrap();
+    let req = RegisterRequest {
+        lease: 0,
+        ttl_ms: 2_000,
+        instances: vec![InstanceSpec::new(WORK.service(), &addr)],
+        credential: String::new(),
+    };
+    let t0 = Instant::now();
+    raw.call(&REGISTER, req).await.unwrap();
+    let client = ServiceClient::with_registry(registry.clone(), ServiceConfig::default());
+    for _ in 0..20 {
+        client.call(&WORK, 1).await.unwrap();
+    }
+    assert!(lapsing_calls.load(Relaxed) >= 5, "the instance was in rotation");
+    tokio::time::sleep_until(t0 + Duration::from_secs(3)).await;
+    let before = lapsing_calls.load(Relaxed);
+    for _ in 0..50 {
+        assert_eq!(client.call(&WORK, 1).await, Ok(1));
+    }
+    assert_eq!(lapsing_calls.load(Relaxed), before, "calls reached an instance whose lease lapsed");
+    lapsing.shutdown().await;
+    kept.server.shutdown().await;
+    c.shutdown().await;
+}
+
+/// Calls to a controller that is down fail at once (they do not wait out a timeout), and once
+/// it is back the registry connection is made again within the reconnect pause's cap (250 ms).
+#[tokio::test(start_paused = true)]
+async fn a_registry_reconnects_within_its_pause_cap_once_the_controller_is_back() {
+    let addr = unique("back");
+    let quick = || ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(Duration::ZERO);
+    let c = Controller::new(quick());
+    c.listen(&addr).await.unwrap();
+    let registry = Registry::connect(&addr).await.unwrap();
+    registry.resolve(WORK.service()).await.unwrap();
+    c.shutdown().await;
+    drop(c);
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        assert!(registry.resolve(WORK.service()).await.is_err(), "the controller is down");
+        assert!(
+            t0.elapsed() < Duration::from_millis(10),
+            "a call to a down controller waited {:?}",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await; // callers' pace (paused clock)
+    }
+    let c = Controller::new(quick());
+    c.listen(&addr).await.unwrap();
+    let back = wait_for(Duration::from_secs(10), "the registry to answer again", async || {
+        registry.resolve(WORK.service()).await.is_ok()
+    })
+    .await;
+    assert!(back <= Duration::from_millis(260), "answered again only after {back:?}");
     c.shutdown().await;
 }
