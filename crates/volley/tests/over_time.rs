@@ -609,3 +609,126 @@ async fn a_registry_reconnects_within_its_pause_cap_once_the_controller_is_back(
     assert!(back <= Duration::from_millis(260), "answered again only after {back:?}");
     c.shutdown().await;
 }
+
+/// The expiry tick bounds how late a lapsed lease is dropped: with a 500 ms tick, a 1 s lease
+/// is still listed at 0.99 s and gone by 1.51 s.
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_lease_is_dropped_within_one_expiry_tick() {
+    let c = Controller::new(
+        ControllerConfig::default().expiry_tick(Duration::from_millis(500)).settle(Duration::ZERO),
+    );
+    let ctl = c.listen(&unique("tick")).await.unwrap().to_string();
+    let registry = Registry::connect(&ctl).await.unwrap();
+    let raw = Client::connect(&ctl).await.unwrap();
+    let req = RegisterRequest {
+        lease: 0,
+        ttl_ms: 1_000,
+        instances: vec![InstanceSpec::new(WORK.service(), "tcp://10.0.0.2:7000")],
+        credential: String::new(),
+    };
+    let t0 = Instant::now();
+    raw.call(&REGISTER, req).await.unwrap();
+    tokio::time::sleep_until(t0 + Duration::from_millis(990)).await;
+    assert_eq!(listed(&registry).await.len(), 1, "dropped before its lease ended");
+    let gone = wait_for(Duration::from_secs(30), "the lapsed lease to be dropped", async || {
+        listed(&registry).await.is_empty()
+    })
+    .await;
+    let at = t0.elapsed();
+    assert!(at <= Duration::from_millis(1_510), "dropped only at {at:?} ({gone:?} after 0.99 s)");
+    c.shutdown().await;
+}
+
+/// With an empty budget (no share, no reserve) a hedge is refused, counted, and the call keeps
+/// waiting on its first attempt: every call takes its full 50 ms and runs once.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_the_budget_refuses_is_counted_and_the_call_waits_for_its_first_attempt() {
+    let (c, ctl) = controller().await;
+    let registry = Registry::connect(&ctl).await.unwrap();
+    let a = instance(&registry, LeaseConfig::default()).await;
+    let b = instance(&registry, LeaseConfig::default()).await;
+    let config = ServiceConfig::default()
+        .hedge(Hedge::After(Duration::from_millis(10)))
+        .retry_budget(RetryBudget::default().ratio(0.0).min_per_second(0));
+    let client = ServiceClient::with_registry(registry.clone(), config);
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        assert_eq!(client.call_with(&WORK, 50, CallOptions::default().idempotent()).await, Ok(50));
+        assert!(t0.elapsed() >= Duration::from_millis(50), "answered after {:?}", t0.elapsed());
+    }
+    let stats = client.stats();
+    assert_eq!((stats.hedges, stats.hedges_refused), (0, 20), "{stats:?}");
+    assert_eq!(a.calls.load(Relaxed) + b.calls.load(Relaxed), 20, "one attempt per call");
+    for i in [a, b] {
+        i.server.shutdown().await;
+    }
+    c.shutdown().await;
+}
+
+/// A server that is not registered anywhere skips the wait for its deregistration: a graceful
+/// stop takes its grace (300 ms) and no more.
+#[tokio::test(start_paused = true)]
+async fn a_graceful_stop_of_an_unregistered_server_takes_only_its_grace() {
+    let s = server(Arc::default());
+    let addr = s.listen(&unique("unregistered")).await.unwrap().to_string();
+    let client = Client::connect(&addr).await.unwrap();
+    assert_eq!(client.call(&WORK, 1).await, Ok(1));
+    let drain = Drain::default()
+        .deregister_within(Duration::from_secs(5))
+        .grace(Duration::from_millis(300))
+        .deadline(Duration::from_secs(5));
+    let t0 = Instant::now();
+    assert!(s.stop_gracefully(drain).await, "nothing was running");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(350),
+        "stopped after {took:?}"
+    );
+}
+
+/// A failing instance is out of rotation for its quarantine (1 s, jittered ±25 %) after the
+/// failure that ejected it: no call reaches it before 0.75 s, and calls reach it again (it is
+/// probed back) by 1.25 s plus one pause of the probe clock.
+#[tokio::test(start_paused = true)]
+async fn an_ejected_instance_is_out_for_its_quarantine_and_no_longer() {
+    let (c, ctl) = controller().await;
+    let registry = Registry::connect(&ctl).await.unwrap();
+    let good = instance(&registry, LeaseConfig::default()).await;
+    let bad_calls = Arc::new(AtomicU64::new(0));
+    let counted = bad_calls.clone();
+    let bad = Server::builder()
+        .handle(&WORK, move |_: u64| {
+            counted.fetch_add(1, Relaxed);
+            async move { Err::<u64, _>(Status::new(Code::Internal, "failing on purpose")) }
+        })
+        .build();
+    let bad_addr = bad.listen(&unique("bad")).await.unwrap().to_string();
+    let spec = vec![InstanceSpec::new(WORK.service(), &bad_addr)];
+    let _registered = registry.register(&bad, spec, LeaseConfig::default()).await.unwrap();
+    let outliers = volley::balance::Outliers::default().consecutive_failures(1).latency_factor(0.0);
+    let config = ServiceConfig::default().outliers(outliers).quarantine(Duration::from_secs(1));
+    let client = ServiceClient::with_registry(registry.clone(), config);
+    // Round-robin: the first call that reaches the bad instance fails and ejects it.
+    while bad_calls.load(Relaxed) == 0 {
+        let _ = client.call(&WORK, 1).await;
+    }
+    let ejected_at = Instant::now();
+    let stats = client.instance_stats(WORK.service());
+    let out = stats.iter().find(|s| s.address == bad_addr).and_then(|s| s.ejected);
+    assert_eq!(out, Some("failing"), "{stats:?}");
+    let first_back = loop {
+        let r = client.call(&WORK, 1).await;
+        if bad_calls.load(Relaxed) > 1 {
+            break ejected_at.elapsed();
+        }
+        assert_eq!(r, Ok(1), "only the live instance answers while the other is out");
+        assert!(ejected_at.elapsed() < Duration::from_secs(10), "never back in rotation");
+        // Calls every 10 ms (paused clock) until one reaches it again.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(first_back >= Duration::from_millis(750), "back after {first_back:?}, before its quarantine");
+    assert!(first_back <= Duration::from_millis(1_300), "back only after {first_back:?}");
+    bad.shutdown().await;
+    good.server.shutdown().await;
+    c.shutdown().await;
+}
