@@ -115,7 +115,9 @@ pub fn run(scenario: Scenario, seed: u64) -> Report {
             apply(&mut sim, &log, &orders, &steps[next].fault, now);
             next += 1;
         }
-        match sim.step() {
+        let done = sim.step();
+        check::step(&mut log.lock(), sim.elapsed().as_millis() as u64);
+        match done {
             Ok(true) => break,
             Ok(false) => {}
             Err(e) => {

@@ -34,6 +34,11 @@ pub struct Log {
     pub healed_ms: u64,
     /// What the controller held near the end: client ids, watches.
     pub held: Option<(u64, u64)>,
+    /// The calls not yet ended: (started, request id), oldest first.
+    pub open: BTreeSet<(u64, u64)>,
+    /// Invariants broken as the run went, each when it broke (checked after every step and
+    /// as each call ends or runs, not only over the finished log).
+    pub step_violations: Vec<String>,
 }
 
 impl Log {
@@ -46,6 +51,46 @@ impl Log {
         let mut h = DefaultHasher::new();
         self.trace.hash(&mut h);
         h.finish()
+    }
+
+    /// A caller starts call `id`.
+    pub fn start(&mut self, id: u64, call: Call) {
+        self.open.insert((call.started_ms, id));
+        self.calls.insert(id, call);
+    }
+
+    /// Call `id` ended at `at_ms` with `what`: it must not have ended before.
+    pub fn end(&mut self, id: u64, at_ms: u64, what: String) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            self.step_violations.push(format!("{at_ms} ms: call {id:x} ended but was never started"));
+            return;
+        };
+        if let Some(first) = call.ends.first() {
+            self.step_violations
+                .push(format!("{at_ms} ms: call {id:x} ended again ({what}; first {first:?})"));
+        }
+        self.open.remove(&(call.started_ms, id));
+        call.ends.push((at_ms, what));
+    }
+
+    /// Instance `host` starts running request `id` at `at_ms`: a caller made it, its caller was
+    /// not told it never ran, and it is not run twice unless idempotent.
+    pub fn run(&mut self, id: u64, host: &str, at_ms: u64) {
+        let runs = self.runs.entry(id).or_default();
+        runs.push((host.to_string(), at_ms));
+        let runs = runs.len();
+        match self.calls.get(&id) {
+            None => {
+                self.step_violations.push(format!("{at_ms} ms: {host} runs {id:x}, which no caller made"))
+            }
+            Some(c) if c.ends.iter().any(|(_, o)| o == NOT_RUN) => self
+                .step_violations
+                .push(format!("{at_ms} ms: {host} runs {id:x}, whose caller was told it never ran")),
+            Some(c) if !c.idempotent && runs > 1 => self
+                .step_violations
+                .push(format!("{at_ms} ms: {host} runs {id:x} (not idempotent) a second time")),
+            Some(_) => {}
+        }
     }
 
     /// Whether `host` was down at `at_ms`, and since when.

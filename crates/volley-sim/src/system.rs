@@ -33,11 +33,7 @@ struct Worker {
 
 impl Work for Worker {
     async fn run(&self, id: u64) -> Result<u64, Status> {
-        let at = now_ms();
-        {
-            let mut log = self.log.lock();
-            log.runs.entry(id).or_default().push((self.name.clone(), at));
-        }
+        self.log.lock().run(id, &self.name, now_ms());
         // 2–20 ms of work, fixed per request.
         tokio::time::sleep(Duration::from_millis(2 + id.wrapping_mul(0x9E37_79B9_7F4A_7C15) % 19)).await;
         Ok(self.number)
@@ -59,17 +55,27 @@ pub fn drain() -> Drain {
         .deadline(Duration::from_secs(1))
 }
 
-/// Orders from the driver to hosts (which instance should drain).
+/// Orders from the driver to hosts (which instance should drain). An instance waits for its
+/// order without polling: the driver wakes the waiting instances when it gives one.
 #[derive(Clone, Default)]
-pub struct Orders(Arc<Mutex<BTreeSet<String>>>);
+pub struct Orders(Arc<(Mutex<BTreeSet<String>>, tokio::sync::Notify)>);
 
 impl Orders {
     pub fn drain(&self, host: &str) {
-        self.0.lock().unwrap().insert(host.to_string());
+        self.0.0.lock().unwrap().insert(host.to_string());
+        self.0.1.notify_waiters();
     }
-    /// Takes the order to drain `host`, if one was given.
-    fn take(&self, host: &str) -> bool {
-        self.0.lock().unwrap().remove(host)
+
+    /// Waits until `host` is ordered to drain, and takes the order.
+    async fn wait_for_drain(&self, host: &str) {
+        loop {
+            // Made before the look, so an order given between the two still wakes it.
+            let given = self.0.1.notified();
+            if self.0.0.lock().unwrap().remove(host) {
+                return;
+            }
+            given.await;
+        }
     }
 }
 
@@ -146,9 +152,7 @@ pub fn instance(sim: &mut turmoil::Sim<'_>, log: &Shared, orders: &Orders, numbe
                 }
             };
             log.event(format!("{name} registered"));
-            while !orders.take(&name) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            orders.wait_for_drain(&name).await;
             log.event(format!("{name} drains"));
             let drained = server.stop_gracefully(drain()).await;
             log.event(format!("{name} drained (in time: {drained})"));
@@ -205,8 +209,7 @@ pub fn caller(sim: &mut turmoil::Sim<'_>, log: &Shared, name: &str, index: u64, 
                     let idempotent = rng.bool();
                     let started_ms = now_ms();
                     log.lock()
-                        .calls
-                        .insert(id, Call { caller: name.clone(), idempotent, started_ms, ends: Vec::new() });
+                        .start(id, Call { caller: name.clone(), idempotent, started_ms, ends: Vec::new() });
                     let opts =
                         if idempotent { CallOptions::default().idempotent() } else { CallOptions::default() };
                     let r = work.run_with(id, opts).await;
@@ -214,9 +217,7 @@ pub fn caller(sim: &mut turmoil::Sim<'_>, log: &Shared, name: &str, index: u64, 
                     {
                         let mut l = log.lock();
                         l.event(at, format!("{name} call {id:x} idem={idempotent} -> {what}"));
-                        if let Some(call) = l.calls.get_mut(&id) {
-                            call.ends.push((at, what));
-                        }
+                        l.end(id, at, what);
                     }
                     tokio::time::sleep(Duration::from_millis(rng.u64(10..60))).await;
                 }

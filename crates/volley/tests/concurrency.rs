@@ -10,7 +10,7 @@ use volley::{Client, Method, Server};
 
 /// Replies with a value derived from the request, so a reply to the wrong caller shows.
 const ECHO: Method<u64, u64> = Method::new("concurrency", "echo");
-/// Same, but replies out of arrival order (a short sleep that depends on the value).
+/// Same, but replies out of arrival order (a number of yields that depends on the value).
 const SHUFFLE: Method<u64, u64> = Method::new("concurrency", "shuffle");
 
 const CALLERS: u64 = 1000;
@@ -28,8 +28,12 @@ fn server() -> (Server, Arc<AtomicUsize>) {
             async move { Ok(answer(x)) }
         })
         .handle(&SHUFFLE, |x: u64| async move {
-            // Replies out of order on the wire: each waits its own few milliseconds.
-            tokio::time::sleep(Duration::from_micros((x * 7919) % 5000)).await;
+            // Replies out of order on the wire: each handler gives way its own number of
+            // times (0–49) before it answers, so handlers that started together end apart —
+            // without waiting on any clock.
+            for _ in 0..(x * 7919) % 50 {
+                tokio::task::yield_now().await;
+            }
             Ok(answer(x))
         })
         .build();

@@ -20,6 +20,10 @@ use volley::bytes::{BufMut, Bytes};
 use volley::proto::{FrameBuilder, Limits, PREAMBLE};
 use volley::{Method, Server};
 
+#[path = "support/wait.rs"]
+mod wait;
+use wait::wait_until_blocking;
+
 const ECHO: Method<Bytes, Bytes> = Method::new("echo", "echo");
 const CONNECTIONS: usize = 1_000;
 /// 100 MiB over 10,000 connections.
@@ -88,6 +92,16 @@ fn connect_and_call(addr: &str, id: u64) -> TcpStream {
     s
 }
 
+/// Waits until the heap holds the same bytes at ten polls in a row (a generous minute).
+fn settle() {
+    let (mut last, mut same) = (isize::MIN, 0);
+    wait_until_blocking(std::time::Duration::from_secs(60), "the heap to settle", || {
+        let now = live_bytes();
+        same = if std::mem::replace(&mut last, now) == now { same + 1 } else { 0 };
+        same >= 10
+    });
+}
+
 #[test]
 fn a_thousand_idle_connections_stay_small() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -98,15 +112,16 @@ fn a_thousand_idle_connections_stay_small() {
     // Warm up: the runtime, the pools and the allocator reach their working size.
     let warm: Vec<_> = (0..50).map(|i| connect_and_call(&addr, i)).collect();
     drop(warm);
-    // The real heap and RSS settle before the base is read.
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The server lets go of the warm-up's connections (their tasks end on other threads)
+    // before the base is read: the heap is the same at ten polls in a row.
+    settle();
     let (before, rss_before) = (live_bytes(), rss_bytes());
 
     let conns: Vec<_> = (0..CONNECTIONS).map(|i| connect_and_call(&addr, 1000 + i as u64)).collect();
 
-    // Each call was answered, so each connection is idle or about to be: give the server's
-    // tasks time to reach their idle wait (and give their buffers back).
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Each call was answered, so each connection is idle or about to be: the server's tasks
+    // reach their idle wait (and give their buffers back) on its runtime's thread.
+    settle();
     let (after, rss_after) = (live_bytes(), rss_bytes());
 
     let per = (after - before).max(0) as usize / CONNECTIONS;

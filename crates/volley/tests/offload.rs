@@ -2,8 +2,6 @@
 //! task; small ones stay inline. Handlers report the thread they ran on, so each test sees
 //! where the work happened.
 
-use std::time::Duration;
-
 use bytes::{Bytes, BytesMut};
 use volley::{BatchOptions, CallOptions, Client, Code, CodecError, Error, Method, Server};
 
@@ -58,8 +56,12 @@ fn server(offload_min_bytes: usize) -> Server {
         .offload_min_bytes(offload_min_bytes)
         .handle_fn(&ECHO, |blob: Blob| Ok(Echoed { thread: thread_name(), blob }))
         .handle(&SLOW_ECHO, |blob: Blob| async move {
-            // Replies out of order on a real socket: the slow ones answer after the others.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            // Replies out of order on a real socket: the handler suspends (so it is finished
+            // on the runtime, not the pool) and gives way a while before it answers — without
+            // waiting on any clock.
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
             Ok(Echoed { thread: thread_name(), blob })
         })
         .handle_fn(&LEN, |f: Fragile| Ok(f.0.len() as u64))

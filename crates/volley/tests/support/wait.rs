@@ -21,6 +21,7 @@ async fn poll(within: Duration, mut cond: impl AsyncFnMut() -> bool) -> Option<D
         if runtime.elapsed() >= within && machine.elapsed() >= within {
             return None;
         }
+        // The poll: on the runtime's clock, so simulated time runs on under a paused one.
         tokio::time::sleep(POLL).await;
     }
 }
