@@ -732,3 +732,38 @@ async fn an_ejected_instance_is_out_for_its_quarantine_and_no_longer() {
     good.server.shutdown().await;
     c.shutdown().await;
 }
+
+/// A shutdown with a 1 s drain deadline: the call that ends within it is answered, the one
+/// that would run for a minute is answered `ShuttingDown` at the deadline, and the shutdown
+/// returns then, saying it did not drain.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_deadline_answers_what_outlasts_it_with_shutting_down_at_the_deadline() {
+    let started = Arc::new(AtomicU64::new(0));
+    let s = server(started.clone());
+    let addr = s.listen(&unique("deadline")).await.unwrap().to_string();
+    let client = Client::connect(&addr).await.unwrap();
+    let opts = CallOptions::default().timeout(Duration::from_secs(120));
+    let quick = tokio::spawn({
+        let client = client.clone();
+        async move { client.call_with(&WORK, 200, opts).await }
+    });
+    let slow = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let r = client.call_with(&WORK, 60_000, opts).await;
+            (r, Instant::now())
+        }
+    });
+    wait_until(Duration::from_secs(10), "both calls to reach their handler", || started.load(Relaxed) == 2)
+        .await;
+    let t0 = Instant::now();
+    assert!(!s.shutdown_with_deadline(Duration::from_secs(1)).await, "a minute's call cannot drain in 1 s");
+    let took = t0.elapsed();
+    assert_eq!(quick.await.unwrap(), Ok(200));
+    let (r, ended) = slow.await.unwrap();
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_millis(1_100), "returned after {took:?}");
+    assert!(
+        matches!(&r, Err(e) if e.code() == Some(Code::ShuttingDown) || matches!(e, Error::Closed | Error::NotRun(_))),
+        "{r:?}"
+    );
+}
