@@ -249,13 +249,13 @@ fn report(state: &mut State, payload: &Bytes) -> Result<Bytes, (Code, String)> {
         return Err((Code::BadRequest, "a report with no case handed out".into()));
     };
     let want = &state.cases[i]["outcome"];
+    let matches =
+        if stream_case(&state.cases[i]) { client_streams::outcome_matches } else { outcome_matches };
     let result = if !called {
         Err(format!("reported {got} without making the call"))
     } else if state.cases[i].get("after_pong").is_some() && !state.ponged {
         Err(format!("the client did not answer the server's Ping with a Pong (§9.5); it reported {got}"))
-    } else if stream_case(&state.cases[i]) && client_streams::outcome_matches(want, &got) {
-        Ok(())
-    } else if !stream_case(&state.cases[i]) && outcome_matches(want, &got) {
+    } else if matches(want, &got) {
         Ok(())
     } else {
         Err(format!("expected the outcome {want}, the driver reported {got}"))
