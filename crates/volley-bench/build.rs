@@ -20,6 +20,18 @@ fn main() {
         // rpc EchoStream(stream EchoMsg) returns (stream EchoMsg): gRPC's own way to send many
         // small messages, measured against Volley's batch API alongside concurrent unary calls.
         .method(method("echo_stream", "EchoStream").client_streaming().server_streaming().build())
+        // rpc Items(ItemsReq) returns (stream EchoMsg): server streaming, `count` items of
+        // `size` bytes, against Volley's server streams.
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("items")
+                .route_name("Items")
+                .input_type("crate::tonic_echo::ItemsReq")
+                .output_type("crate::tonic_echo::EchoMsg")
+                .codec_path("tonic_prost::ProstCodec")
+                .server_streaming()
+                .build(),
+        )
         .build();
     tonic_build::manual::Builder::new().compile(&[service]);
     println!("cargo::rerun-if-changed=build.rs");

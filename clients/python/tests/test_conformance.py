@@ -237,6 +237,11 @@ def test_the_runner_fails_a_server_that_does_not_serve_echo():
     assert "FAILED  an echo call" in out.stdout, out.stdout
 
 
+# The runner's stream cases for clients (crates/volley-conformance/src/client_streams.rs),
+# played after the `client` cases of wire.json.
+CLIENT_STREAM_CASES = 10
+
+
 def client_runner(listen: str) -> Running:
     return Running(["conformance", "client", listen, "--timeout", "240"], r"conformance runner on (\S+)")
 
@@ -247,7 +252,7 @@ def test_the_python_client_passes_the_conformance_runner(tmp_path, transport):
     try:
         assert asyncio.run(conformance.drive(runner.address)) == []
         assert runner.proc.wait(timeout=120) == 0, runner.output()
-        assert f"{len(WIRE['client'])} cases, 0 failed" in runner.output()
+        assert f"{len(WIRE['client']) + CLIENT_STREAM_CASES} cases, 0 failed" in runner.output()
     finally:
         runner.stop()
 
@@ -272,7 +277,7 @@ def test_a_driver_whose_client_misreports_fails_the_run(monkeypatch):
 
         monkeypatch.setattr(conformance, "play", timed_out)
         refused = asyncio.run(conformance.drive(runner.address))
-        assert len(refused) == len(WIRE["client"])
+        assert len(refused) == len(WIRE["client"]) + CLIENT_STREAM_CASES
         assert runner.proc.wait(timeout=120) != 0
     finally:
         runner.stop()

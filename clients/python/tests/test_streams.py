@@ -208,6 +208,23 @@ def test_the_blocking_client_reads_and_sends_streams(echo_server):
         assert client._client._conn.pending == {}
 
 
+def test_the_blocking_client_streams_both_ways(echo_server):
+    """`echo`/`each` through the blocking client: every item back in order, the Rust server's
+    credit pacing the sender on the client's thread; closed early, the stream is cancelled
+    and its sender stops."""
+    with volley.blocking.Client(echo_server.address) as client:
+        items = [i.to_bytes(4, "little") for i in range(5_000)]
+        assert list(client.bidi_stream(EACH, items, window=16)) == items
+        assert list(client.bidi_stream(EACH, [])) == []
+        endless = client.bidi_stream(EACH, iter(lambda: b"again", None))
+        assert next(endless) == b"again"
+        endless.close()  # early: cancelled, and its sender stopped
+        assert client._client._conn.pending == {}
+        assert client.call(ECHO, b"on") == b"on"
+        with pytest.raises(ValueError, match="window"):
+            client.bidi_stream(EACH, [b"x"], window=1)
+
+
 def test_a_stream_is_refused_locally_by_a_server_without_streams():
     """A server whose preamble did not announce STREAMS is sent no StreamOpen (§4.4)."""
 

@@ -354,6 +354,33 @@ pub fn batch_sample(
     }
 }
 
+/// Runs `streams` stream readers at once (`read(i)` gives the i-th one's tally of items of the
+/// right size, other outcomes and the first of those) and makes one sample of their items per
+/// second, from the first open to the last end; a stream that ended short counts its missing
+/// items as errors.
+pub async fn streams<F, Fut>(streams: usize, per_stream: u64, read: F) -> Sample
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = (u64, u64, Option<String>)> + Send + 'static,
+{
+    let start = Instant::now();
+    let cpu = CpuMeter::start();
+    let tasks: Vec<_> = (0..streams.max(1)).map(|i| tokio::spawn(read(i))).collect();
+    let (mut ok, mut errors, mut first_error) = (0, 0, None);
+    for t in tasks {
+        let (o, e, f) = t.await.unwrap_or_else(|e| (0, per_stream, Some(e.to_string())));
+        let short = per_stream.saturating_sub(o + e);
+        ok += o;
+        errors += e + short;
+        if first_error.is_none() {
+            first_error = f.or_else(|| {
+                (short > 0).then(|| format!("a stream ended after {} of {per_stream} items", o + e))
+            });
+        }
+    }
+    batch_sample(ok, errors, first_error, start.elapsed().as_secs_f64(), cpu)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

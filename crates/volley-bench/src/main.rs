@@ -39,7 +39,8 @@ struct Args {
     /// Warm-up seconds before each measurement (default 0.5; --quick 0.2).
     #[arg(long)]
     warmup: Option<f64>,
-    /// Requests in the batch scenario (default 1,000,000; --quick 100,000).
+    /// Requests in the batch scenario, and items in the server-stream scenario (default
+    /// 1,000,000; --quick 100,000).
     #[arg(long)]
     requests: Option<u64>,
     /// Fixed-rate mode: calls per second in total for the latency and throughput scenarios,
@@ -57,8 +58,19 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "tcp,unix,inproc")]
     transports: Vec<String>,
     /// Scenarios to run.
-    #[arg(long, value_delimiter = ',', default_value = "latency,throughput,batch")]
+    #[arg(long, value_delimiter = ',', default_value = "latency,throughput,batch,server-stream")]
     scenarios: Vec<ScenarioArg>,
+    /// Server streams open at once in the server-stream scenario (its `--requests` items are
+    /// shared among them).
+    #[arg(long, value_delimiter = ',', default_value = "1,256")]
+    streams: Vec<usize>,
+    /// Volley's server streams: each stream's credit window, items the server may send
+    /// ahead. The library's default is 256; 16,384 (about 1.3 MB of 64-byte items in flight)
+    /// is Volley's best configuration for this job, as tonic's HTTP/2 stream window is raised
+    /// to 8 MiB: with 1,024 one stream ran at half tonic's rate on a loaded machine, each
+    /// side waiting for the other's turn to move the window on (docs/BENCHMARKS.md).
+    #[arg(long, default_value_t = 16384)]
+    stream_window: u32,
     /// Concurrent callers of the throughput scenarios (all sharing one connection).
     #[arg(long, value_delimiter = ',', default_value = "16,256,1024")]
     concurrency: Vec<usize>,
@@ -108,6 +120,7 @@ enum ScenarioArg {
     Latency,
     Throughput,
     Batch,
+    ServerStream,
 }
 
 fn main() -> ExitCode {
@@ -155,6 +168,16 @@ fn scenarios(a: &Args, requests: u64) -> Vec<Scenario> {
     }
     if a.scenarios.contains(&ScenarioArg::Batch) {
         out.push(Scenario { kind: Kind::Batch, concurrency: a.batch_in_flight, payload: 64, requests });
+    }
+    if a.scenarios.contains(&ScenarioArg::ServerStream) {
+        for &streams in &a.streams {
+            out.push(Scenario {
+                kind: Kind::ServerStream,
+                concurrency: streams.max(1),
+                payload: 64,
+                requests,
+            });
+        }
     }
     out
 }
@@ -238,6 +261,7 @@ fn run(a: Args) -> Result<bool, String> {
         rate: a.rate.filter(|r| *r > 0.0),
         chunk_size: a.chunk_size.max(1),
         chunk_window: a.chunk_window.max(1),
+        stream_window: a.stream_window.max(1),
         batch_max: Duration::from_secs_f64(a.batch_max_seconds.unwrap_or(if a.quick { 1.0 } else { 4.0 })),
         cores: cores(&a)?,
     };
@@ -316,6 +340,7 @@ fn run(a: Args) -> Result<bool, String> {
                         f.short(),
                         match m {
                             Method::BidiStream => " (bidi stream)",
+                            Method::ServerStream => " (server streams)",
                             Method::BatchHandler => " (batch handler)",
                             Method::Bundled => " (bundled)",
                             Method::PingPong => " (ping-pong)",

@@ -449,6 +449,7 @@ mod tests {
             rate: None,
             chunk_size: 1,
             chunk_window: 1,
+            stream_window: 2,
             batch_max: std::time::Duration::ZERO,
             cores: None,
         }

@@ -185,7 +185,11 @@ fn cell(b: Option<Best>, metric: Metric) -> String {
     let method = match b.method {
         Method::BidiStream => " stream",
         Method::BatchHandler => " bh",
-        Method::Unary | Method::CallBatchStream | Method::Bundled | Method::PingPong => "",
+        Method::Unary
+        | Method::CallBatchStream
+        | Method::ServerStream
+        | Method::Bundled
+        | Method::PingPong => "",
     };
     format!("{v} {}{method}", b.flavor.short())
 }
@@ -243,7 +247,18 @@ fn rows(scenarios: &[Scenario]) -> Vec<(String, Sel, Metric)> {
             }
         }
     }
+    for &sc in scenarios.iter().filter(|s| s.kind == Kind::ServerStream) {
+        rows.push((server_stream_label(sc), Sel::Scenario(sc), Metric::CallsPerS));
+    }
     rows
+}
+
+fn server_stream_label(sc: Scenario) -> String {
+    let streams = match sc.concurrency {
+        1 => "one server stream".to_string(),
+        n => format!("{n} server streams at once"),
+    };
+    format!("{} × {}: {streams}", thousands(sc.requests as f64), size(sc.payload))
 }
 
 /// The markdown table: every framework at its best runtime (ct = current-thread, mt = one
@@ -282,6 +297,7 @@ fn render(r: &Results, rows: Vec<(String, Sel, Metric)>) -> String {
             out,
             "| {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             match (sel, m) {
+                (Sel::Scenario(sc), Metric::CallsPerS) if sc.kind == Kind::ServerStream => "items/s",
                 (Sel::Scenario(_), _) | (_, Metric::Cpu) => m.name(),
                 _ => "requests/s",
             },
@@ -387,6 +403,32 @@ pub fn goals(r: &Results, scenarios: &[Scenario]) -> String {
             verdict(value(Target::VolleyTcp, sel, Metric::P99).zip(best_peer).map(|(v, p)| p / v), 2.0)
         );
     }
+    let streams: Vec<Scenario> = scenarios.iter().copied().filter(|s| s.kind == Kind::ServerStream).collect();
+    for &sc in &streams {
+        let sel = Sel::Scenario(sc);
+        let _ = writeln!(
+            out,
+            "- {} over tcp, items/s vs tonic's server streaming (goal ≥ 5×): {}",
+            server_stream_label(sc),
+            verdict(ratio(sel, Metric::CallsPerS, Target::VolleyTcp, Target::TonicTcp), 5.0)
+        );
+    }
+    let one = streams.iter().find(|s| s.concurrency == 1);
+    for &sc in streams.iter().filter(|s| s.concurrency == 256) {
+        let share = one.and_then(|&one| {
+            let v = |sc| value(Target::VolleyTcp, Sel::Scenario(sc), Metric::CallsPerS);
+            Some(v(sc)? / v(one)?)
+        });
+        let _ = writeln!(
+            out,
+            "- {} over tcp, items/s as a share of one stream's (goal ≥ 80%): {}",
+            server_stream_label(sc),
+            match share {
+                Some(x) => format!("{:.0}% — {}", 100.0 * x, if x >= 0.8 { "met" } else { "NOT met" }),
+                None => "not measured".into(),
+            }
+        );
+    }
     // "Ahead of both peers on every row."
     // A ratio within half a percent of 1 is a tie, not a lead: HDR percentiles have two
     // significant digits, so equal latencies often land in the same bucket.
@@ -434,7 +476,9 @@ fn ceiling_goals(r: &Results, scenarios: &[Scenario]) -> String {
     let mut out = String::new();
     let value = |t: Target, sc: Scenario, m: Metric| r.best(t, Sel::Scenario(sc), m).map(|b| b.value);
     let met = |ok: bool| if ok { "met" } else { "NOT met" };
-    for &sc in scenarios.iter().filter(|s| s.payload == 64 && s.kind != Kind::Batch) {
+    for &sc in
+        scenarios.iter().filter(|s| s.payload == 64 && matches!(s.kind, Kind::Latency | Kind::Throughput))
+    {
         let what =
             format!("{} caller{}, 64 B over tcp", sc.concurrency, if sc.concurrency == 1 { "" } else { "s" });
         let both = |m| value(Target::VolleyTcp, sc, m).zip(value(Target::RawTcp, sc, m));
@@ -516,8 +560,8 @@ pub fn json_lines(r: &Results, rate: Option<f64>) -> Vec<serde_json::Value> {
             "payload": sc.payload,
             "concurrency": concurrency,
             "method": method,
-            "requests": if sc.kind == Kind::Batch { Some(sc.requests) } else { None },
-            "rate": if sc.kind == Kind::Batch { None } else { rate },
+            "requests": if matches!(sc.kind, Kind::Batch | Kind::ServerStream) { Some(sc.requests) } else { None },
+            "rate": if matches!(sc.kind, Kind::Batch | Kind::ServerStream) { None } else { rate },
             "runtime": best_flavor,
             "calls": best.calls,
             "calls_per_s": best.calls_per_s,

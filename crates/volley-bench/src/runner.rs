@@ -67,6 +67,8 @@ impl Target {
             ("raw", Kind::Batch) => &[],
             ("volley", Kind::Batch) => &[Method::CallBatchStream, Method::BatchHandler],
             ("tonic", Kind::Batch) => &[Method::Unary, Method::BidiStream],
+            ("volley" | "tonic", Kind::ServerStream) => &[Method::ServerStream],
+            (_, Kind::ServerStream) => &[],
             _ => &[Method::Unary],
         }
     }
@@ -86,6 +88,8 @@ pub enum Method {
     BatchHandler,
     /// One gRPC bidirectional stream carrying every request.
     BidiStream,
+    /// Server streams: Volley's (PROTOCOL.md §9.9) and gRPC's server streaming.
+    ServerStream,
     /// The raw echo's bundles: all callers' messages in one write, on blocking threads.
     Bundled,
     /// The raw echo one message at a time on tokio.
@@ -198,6 +202,12 @@ async fn drive(ep: Endpoint, sc: Scenario, method: Method, s: Settings) -> Resul
             volley_echo::batch(&c, to_batch_handler, warm, chunk, window, sc.payload).await;
             Ok(volley_echo::batch(&c, to_batch_handler, sc.requests, chunk, window, sc.payload).await)
         }
+        (Endpoint::Volley(addr), Kind::ServerStream, _) => {
+            let c = volley_echo::connect(&addr).await?;
+            let (n, per) = (sc.concurrency, sc.requests / sc.concurrency.max(1) as u64);
+            volley_echo::server_streams(&c, n, (per / 20).max(1), sc.payload, s.stream_window).await;
+            Ok(volley_echo::server_streams(&c, n, per, sc.payload, s.stream_window).await)
+        }
         (Endpoint::Volley(addr), _, _) => load::run(volley_echo::connect(&addr).await?, spec).await,
         (Endpoint::Tonic(addr), Kind::Batch, Method::BidiStream) => {
             let c = tonic_echo::connect(addr).await?;
@@ -207,6 +217,12 @@ async fn drive(ep: Endpoint, sc: Scenario, method: Method, s: Settings) -> Resul
         (Endpoint::Tonic(addr), Kind::Batch, _) => {
             let c = tonic_echo::connect(addr).await?;
             unary_batch(c, sc, warm, &s).await
+        }
+        (Endpoint::Tonic(addr), Kind::ServerStream, _) => {
+            let c = tonic_echo::connect(addr).await?;
+            let (n, per) = (sc.concurrency, sc.requests / sc.concurrency.max(1) as u64);
+            tonic_echo::server_streams(&c, n, (per / 20).max(1), sc.payload).await;
+            Ok(tonic_echo::server_streams(&c, n, per, sc.payload).await)
         }
         (Endpoint::Tonic(addr), _, _) => load::run(tonic_echo::connect(addr).await?, spec).await,
         (Endpoint::TarpcTcp(addr), Kind::Batch, _) => {

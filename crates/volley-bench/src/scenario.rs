@@ -14,6 +14,9 @@ pub enum Kind {
     Latency,
     Throughput,
     Batch,
+    /// One request, many replies: `requests` items through `concurrency` server streams.
+    #[serde(rename = "server_stream")]
+    ServerStream,
 }
 
 /// What to measure: calls in a closed loop (or at a fixed rate) for a while, or a fixed
@@ -21,11 +24,11 @@ pub enum Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Scenario {
     pub kind: Kind,
-    /// Callers sharing the connection (latency/throughput), or for a unary batch run the
-    /// calls kept in flight.
+    /// Callers sharing the connection (latency/throughput), for a unary batch run the calls
+    /// kept in flight, for server streams the streams open at once.
     pub concurrency: usize,
     pub payload: usize,
-    /// Batch scenario: how many requests.
+    /// Batch scenario: how many requests; server streams: how many items in all.
     pub requests: u64,
 }
 
@@ -37,6 +40,8 @@ pub struct Settings {
     /// Volley's batch: requests per chunk and chunks in flight.
     pub chunk_size: usize,
     pub chunk_window: usize,
+    /// Volley's server streams: each stream's credit window (items).
+    pub stream_window: u32,
     /// Time bound of a run of unary calls in the batch scenario.
     pub batch_max: Duration,
     /// Cores for the server and the client (`None`: not pinned).

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use volley::{BatchOptions, Client, Server, Status};
+use volley::service::ItemStream;
+use volley::{BatchOptions, Client, Server, Status, StreamOptions};
 
 use crate::load::{Caller, CpuMeter, Sample, batch_sample, payload};
 
@@ -18,7 +19,19 @@ pub trait Echo {
     /// request. Used only by the batch scenario, as a second Volley method.
     #[batch]
     async fn echo_all(&self, payloads: Vec<Bytes>) -> Vec<Result<Bytes, Status>>;
+    /// `echo/items`: a server stream of `count` items of `size` bytes, produced as fast as
+    /// credit allows (the server-stream scenario, against tonic's server streaming).
+    async fn items(&self, req: ItemsReq) -> Result<ItemStream<Bytes>, Status>;
 }
+
+/// What a server stream is asked for: plain data, sent as its 16 bytes.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct ItemsReq {
+    pub count: u64,
+    pub size: u64,
+}
+volley::wire!(pod: ItemsReq);
 
 struct Echoer;
 
@@ -29,6 +42,11 @@ impl Echo for Echoer {
 
     async fn echo_all(&self, payloads: Vec<Bytes>) -> Vec<Result<Bytes, Status>> {
         payloads.into_iter().map(Ok).collect()
+    }
+
+    async fn items(&self, req: ItemsReq) -> Result<ItemStream<Bytes>, Status> {
+        let item = payload(req.size as usize);
+        Ok(futures::stream::repeat(item).take(req.count as usize).map(Ok).boxed())
     }
 }
 
@@ -104,4 +122,27 @@ async fn count(
         }
     }
     (ok, errors, first_error)
+}
+
+/// `streams` server streams at once on the one connection, each of `per_stream` items of
+/// `size` bytes with a credit window of `window` items, read to their ends.
+pub async fn server_streams(
+    client: &VolleyCaller,
+    streams: usize,
+    per_stream: u64,
+    size: usize,
+    window: u32,
+) -> Sample {
+    let opts = StreamOptions::default().window(window);
+    let req = ItemsReq { count: per_stream, size: size as u64 };
+    crate::load::streams(streams, per_stream, |_| {
+        let client = client.clone();
+        async move {
+            match client.0.items_with(req, opts).await {
+                Ok(items) => count(items, size).await,
+                Err(e) => (0, per_stream, Some(e.to_string())),
+            }
+        }
+    })
+    .await
 }

@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use volley::proto::{Code, Decoder, FrameBuilder, Limits, Message, decode_frame};
 
+use crate::client_streams;
 use crate::json::{build, str_of, to_json, unhex};
 use crate::stream::{BoxStream, Listener};
 use crate::{Report, wire};
@@ -40,6 +41,8 @@ struct State {
     /// Whether the client answered the current case's Ping (a case with `after_pong`).
     ponged: bool,
     results: Vec<Option<Result<(), String>>>,
+    /// A stream case's own check of what the client sent (client_streams), once played.
+    checks: Vec<Option<Result<(), String>>>,
 }
 
 /// A bound runner, waiting for a driver.
@@ -61,9 +64,10 @@ impl ClientSide {
     /// Serves drivers until one has asked past the last case, or `timeout` passed; cases no
     /// driver reported fail.
     pub async fn serve(self, timeout: Duration) -> Report {
-        let cases: Vec<Value> = wire()["client"].as_array().cloned().unwrap_or_default();
-        let results = vec![None; cases.len()];
-        let state = Arc::new(Mutex::new(State { cases, results, ..State::default() }));
+        let mut cases: Vec<Value> = wire()["client"].as_array().cloned().unwrap_or_default();
+        cases.extend(client_streams::cases());
+        let (results, checks) = (vec![None; cases.len()], vec![None; cases.len()]);
+        let state = Arc::new(Mutex::new(State { cases, results, checks, ..State::default() }));
         let done = Arc::new(Notify::new());
         let accept = async {
             while let Ok(stream) = self.listener.accept().await {
@@ -80,17 +84,56 @@ impl ClientSide {
             _ = done.notified() => {}
             _ = tokio::time::sleep(timeout) => {}
         }
+        // A stream case's script may still be reading the client's last messages (its Cancel,
+        // its close) after the driver reported: wait for the scripts of the reported cases.
+        let waiting = |s: &State| {
+            (0..s.cases.len())
+                .any(|i| s.results[i].is_some() && stream_case(&s.cases[i]) && s.checks[i].is_none())
+        };
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while waiting(&state.lock().expect("state")) && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let state = state.lock().expect("state");
-        let cases = state.cases.iter().zip(&state.results).map(|(case, result)| {
-            let result = result.clone().unwrap_or_else(|| Err(format!("no report within {timeout:?}")));
+        let cases = state.cases.iter().enumerate().map(|(i, case)| {
+            let reported =
+                state.results[i].clone().unwrap_or_else(|| Err(format!("no report within {timeout:?}")));
+            let result = match (&state.checks[i], stream_case(case)) {
+                (_, false) => reported,
+                (Some(Err(e)), true) => Err(e.clone()),
+                (Some(Ok(())), true) => reported,
+                (None, true) => reported.and(Err("the runner's side of the case did not end".into())),
+            };
             (str_of(case, "name").to_string(), result)
         });
         Report { cases: cases.collect(), ..Report::default() }
     }
 }
 
-/// One connection: control calls and case calls, until the peer closes or a case closes it.
+fn stream_case(case: &Value) -> bool {
+    case["stream_case"] == true
+}
+
+/// One connection: control calls and case calls, until the peer closes or a case closes it;
+/// a stream case's connection is played by its script.
 async fn connection(mut stream: BoxStream, state: &Mutex<State>, done: &Notify) -> Result<(), String> {
+    let streaming = {
+        let mut state = state.lock().expect("state");
+        match state.current {
+            Some((i, _)) if stream_case(&state.cases[i]) => {
+                state.current = Some((i, true));
+                Some((i, str_of(&state.cases[i], "name").to_string()))
+            }
+            _ => None,
+        }
+    };
+    if let Some((i, name)) = streaming {
+        let checked = tokio::time::timeout(Duration::from_secs(60), client_streams::play(&name, stream))
+            .await
+            .unwrap_or_else(|_| Err("the case's connection did not end within 60 s".into()));
+        state.lock().expect("state").checks[i] = Some(checked);
+        return Ok(());
+    }
     let io = |e: std::io::Error| e.to_string();
     stream.write_all(&PREAMBLE).await.map_err(io)?;
     let (limits, mut buf) = (Limits::default(), BytesMut::new());
@@ -206,11 +249,13 @@ fn report(state: &mut State, payload: &Bytes) -> Result<Bytes, (Code, String)> {
         return Err((Code::BadRequest, "a report with no case handed out".into()));
     };
     let want = &state.cases[i]["outcome"];
+    let matches =
+        if stream_case(&state.cases[i]) { client_streams::outcome_matches } else { outcome_matches };
     let result = if !called {
         Err(format!("reported {got} without making the call"))
     } else if state.cases[i].get("after_pong").is_some() && !state.ponged {
         Err(format!("the client did not answer the server's Ping with a Pong (§9.5); it reported {got}"))
-    } else if outcome_matches(want, &got) {
+    } else if matches(want, &got) {
         Ok(())
     } else {
         Err(format!("expected the outcome {want}, the driver reported {got}"))

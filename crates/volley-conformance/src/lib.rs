@@ -6,7 +6,8 @@
 //!   then (against a server that announced `STREAMS`) the stream cases of [`server_streams`];
 //! - [`client_side::serve`] listens, and plays the server's side of the `client` cases
 //!   against a client under test, whose driver asks it for each call to make and reports
-//!   what the call ended with;
+//!   what the call ended with, then the stream cases of [`client_streams`], whose server side
+//!   answers the client's stream messages as they come;
 //! - [`going_away::check`] streams a batch through a server that is made to go away mid-batch,
 //!   and checks that every call ended exactly once;
 //! - [`evolution`] serves and calls with an old or a new release of a type in each tier other
@@ -16,6 +17,7 @@
 //! runners against the Rust server and client.
 
 pub mod client_side;
+pub mod client_streams;
 pub mod driver;
 pub mod evolution;
 pub mod going_away;

@@ -16,6 +16,7 @@ use volley::proto::{
 };
 use volley::{Client, Method};
 use volley_conformance::client_side::{CONTROL, ClientSide};
+use volley_conformance::client_streams::{self, NO_STREAMS_CASE};
 use volley_conformance::server_side::{self, GRACEFUL_STOP, Stop};
 use volley_conformance::server_streams::{self, CANCEL_CASE, CREDIT_CASE, EMPTY_CASE, SHAPE_CASE};
 use volley_conformance::{Report, driver, wire};
@@ -471,4 +472,82 @@ async fn deaf_call(addr: &str) -> serde_json::Value {
         }
     }
     serde_json::json!({"timeout": "no reply (the Ping was never answered)"})
+}
+
+/// A client that breaks a stream rule in four cases, each its own way, and plays every other
+/// case with the Rust client: it opens a stream although the server did not announce
+/// `STREAMS`; sends a client stream's items without waiting for credit; stops reading a stream
+/// without a `Cancel`; lets a stream's deadline pass without a `Cancel`. It reports the
+/// expected outcome each time, so only the runner's own checks can catch it.
+#[tokio::test]
+async fn a_client_that_breaks_the_stream_rules_fails_those_cases() {
+    let broken = [
+        NO_STREAMS_CASE,
+        client_streams::UPLOAD_CASE,
+        client_streams::CANCEL_CASE,
+        client_streams::DEADLINE_CASE,
+    ];
+    let runner = ClientSide::bind("tcp://127.0.0.1:0").await.unwrap();
+    let addr = runner.address();
+    let serve = tokio::spawn(runner.serve(PER_CASE * 4));
+    let control = Client::connect(&addr).await.unwrap();
+    let cases = client_streams::cases();
+    loop {
+        let case = control.call(&NEXT, Bytes::new()).await.unwrap();
+        if case.is_empty() {
+            break;
+        }
+        let call: serde_json::Value = serde_json::from_slice(&case).unwrap();
+        let outcome = match broken.iter().find(|n| call["name"] == **n) {
+            Some(name) => {
+                rule_breaking_stream(&addr, name).await;
+                cases.iter().find(|c| c["name"] == *name).unwrap()["outcome"].clone()
+            }
+            None => driver::play(&addr, &call, PER_CASE).await,
+        };
+        let _ = control.call(&REPORT, Bytes::from(outcome.to_string())).await;
+    }
+    let report = serve.await.unwrap();
+    let mut failed = failures(&report);
+    failed.sort();
+    let mut want = broken.to_vec();
+    want.sort();
+    assert_eq!(failed, want, "{}", report.render());
+}
+
+/// One case's stream over a raw socket, breaking the rule the case checks.
+async fn rule_breaking_stream(addr: &str, case: &str) {
+    let mut s = TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).await.unwrap();
+    let mut theirs = [0u8; PREAMBLE_LEN];
+    s.read_exact(&mut theirs).await.unwrap();
+    s.write_all(&PREAMBLE).await.unwrap();
+    let upload = case == client_streams::UPLOAD_CASE;
+    let mut fb = FrameBuilder::new(Limits::default());
+    let (shape, method, payload) = if upload { (2, "gather", &b""[..]) } else { (1, "repeat", &b"go"[..]) };
+    fb.stream_open(1, 0, &Extensions::NONE, ("echo", method), (shape, 16), |b| {
+        b.extend_from_slice(payload);
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .unwrap();
+    if upload {
+        // All three items at once, before any credit came.
+        for i in 0..3 {
+            fb.stream_item(1, |b| {
+                b.extend_from_slice(format!("i{i}").as_bytes());
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .unwrap();
+        }
+        fb.stream_end(1);
+    }
+    let mut out = Vec::new();
+    fb.take_into(&mut out);
+    s.write_all(&out.concat()).await.unwrap();
+    // Read what comes for a while (no Cancel, no Pong), then close.
+    let mut sink = [0u8; 4096];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(700), s.read(&mut sink)).await {
+        if n == 0 {
+            break;
+        }
+    }
 }

@@ -17,8 +17,8 @@ from . import client as aio
 
 
 class Client:
-    """``volley.Client``'s ``call``, ``call_batch``, ``stream``, ``client_stream`` and
-    ``ping``, blocking."""
+    """``volley.Client``'s ``call``, ``call_batch``, ``stream``, ``client_stream``,
+    ``bidi_stream`` and ``ping``, blocking."""
 
     def __init__(self, address: str, **options: Any):
         self._loop = asyncio.new_event_loop()
@@ -43,7 +43,18 @@ class Client:
         """``volley.Client.stream``, blocking: a generator of the server's items (each one
         hop to the client's thread and back). Closing the generator before the end (``close``,
         or leaving a ``for`` loop and dropping it) cancels the stream."""
-        items = self._client.stream(method, request, **options)
+        return self._items(self._client.stream(method, request, **options))
+
+    def bidi_stream(self, method, requests, **options: Any) -> Iterator[Any]:
+        """``volley.Client.bidi_stream``, blocking: a generator of the server's items, while
+        ``requests`` are sent from the client's thread as the server grants credit (iterated
+        there, so it should not block; an async iterable that waits, say on a queue fed from
+        this thread through ``loop.call_soon_threadsafe``, may). Closing the generator before
+        the end cancels the stream."""
+        return self._items(self._client.bidi_stream(method, requests, **options))
+
+    def _items(self, items) -> Iterator[Any]:
+        """An ``ItemStream``'s items, each taken on the client's loop; closing early cancels."""
         try:
             while True:
                 try:

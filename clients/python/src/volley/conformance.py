@@ -5,7 +5,10 @@ side of the cases of tests/conformance/wire.json. This driver asks it for each c
 (``conformance``/``next``), makes that call with a fresh ``Client`` (so on a fresh
 connection), and reports how it ended (``conformance``/``report``): ``{"ok": hex}``,
 ``{"code": n}`` for an error reply, ``{"timeout": text}``, ``{"failed": text}`` for any other
-failure, or ``{"items": [...]}`` for a batch. Run it as::
+failure, or ``{"items": [...]}`` for a batch. A stream case (its call has ``stream``; the
+runner's crates/volley-conformance/src/client_streams.rs says what each field asks) is reported
+as ``{"items": [...], "end": ...}`` (shapes 1 and 3) or as a call's result (shape 2), with
+``"then"`` for a call made after it. Run it as::
 
     python -m volley.conformance tcp://127.0.0.1:PORT
 
@@ -45,6 +48,8 @@ async def play(address: str, call: dict, timeout: float) -> dict:
     except (VolleyError, OSError) as e:
         return {"failed": f"connecting: {e}"}
     try:
+        if "stream" in call:
+            return await play_stream(client, method, call)
         if "items" in call:
             results = await client.call_batch(method, [bytes.fromhex(i) for i in call["items"]])
             return {"items": [outcome(r) for r in results]}
@@ -54,6 +59,46 @@ async def play(address: str, call: dict, timeout: float) -> dict:
             return outcome(e)
     finally:
         await client.close()
+
+
+async def play_stream(client: Client, method: Method, call: dict) -> dict:
+    """Plays a stream case's call on ``client``."""
+    shape = call["stream"]
+    timeout = call["timeout_ms"] / 1000 if "timeout_ms" in call else None
+    window = {"window": call["window"]} if "window" in call else {}
+    sends = [bytes.fromhex(i) for i in call.get("send", [])]
+    if shape == "client":
+        try:
+            result = outcome(await client.client_stream(method, sends, timeout=timeout))
+        except VolleyError as e:
+            result = outcome(e)
+    else:
+        if shape == "both":
+            items = client.bidi_stream(method, sends, timeout=timeout, **window)
+        else:
+            items = client.stream(method, bytes.fromhex(call["payload"]), timeout=timeout, **window)
+        result = {"items": [], "end": "ok"}
+        take = call.get("take")
+        try:
+            while True:
+                if take is not None and len(result["items"]) == take:
+                    await items.aclose()
+                    result["end"] = "dropped"
+                    break
+                try:
+                    result["items"].append(outcome(await items.__anext__()))
+                except StopAsyncIteration:
+                    break
+        except VolleyError as e:
+            result["end"] = outcome(e)
+    if "then_call" in call:
+        then = call["then_call"]
+        try:
+            reply = await client.call(Method(then["service"], then["method"]), bytes.fromhex(then["payload"]))
+            result["then"] = outcome(reply)
+        except VolleyError as e:
+            result["then"] = outcome(e)
+    return result
 
 
 async def drive(address: str, timeout: float = 30.0) -> list[str]:

@@ -13,13 +13,23 @@ registry's client id and request sequence (§7.1). A call its instance never ran
 connection could not be made, or the server went away with ``GoAway(ShuttingDown)`` before
 reading it, §9.6.2) goes to another instance at once, whatever the method; an idempotent call
 whose connection failed is tried on another instance too. At most ``MAX_ATTEMPTS`` instances.
+
+Streams (§9.9) open on one instance, picked as for a call, and stay there until they end:
+``stream`` and ``bidi_stream`` return the async iterator of ``Client.stream``, and
+``client_stream`` the one reply. An instance that cannot be connected to is passed over for
+another, as for a call; once the open is sent it is never sent again (the stream's items may
+already have been taken), as the Rust ``ServiceClient`` does.
+
+    async for line in search.stream(TAIL, query):   # on one instance, round-robin
+        ...
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, AsyncIterable, Iterable
 
+from . import proto, streams
 from .address import parse
 from .client import Client
 from .codec import Method
@@ -144,6 +154,64 @@ class ServiceClient:
         """One batch call to one instance (round-robin, or the key's), as ``Client.call_batch``."""
         return await self._client(self.pick(key).address).call_batch(method, requests, **options)
 
+    async def _connected(self, key: Any = None) -> Client:
+        """The client of an instance picked for a stream, connected: an instance that cannot
+        be connected to is passed over (at most ``MAX_ATTEMPTS``), as for a call."""
+        tried: set[str] = set()
+        instance = self.pick(key)
+        while True:
+            client = self._client(instance.address)
+            try:
+                await client._connection()
+                return client
+            except ConnectionLostError as e:
+                tried.add(instance.address)
+                if len(tried) >= MAX_ATTEMPTS:
+                    raise
+                try:
+                    instance = self.pick(key, skip=tried)
+                except (NoInstancesError, NotRegisteredError):
+                    raise e from None
+
+    def stream(
+        self,
+        method: Method,
+        request: Any,
+        *,
+        key: Any = None,
+        timeout: float | None = None,
+        window: int = streams.DEFAULT_WINDOW,
+    ) -> streams.ItemStream:
+        """Server stream ``method`` on one instance (round-robin, or the key's): an async
+        iterator of its items, as ``Client.stream``; the instance is picked when it opens."""
+        return _PickedStream(self, key, method, proto.SHAPE_SERVER, request, None, timeout, window)
+
+    async def client_stream(
+        self,
+        method: Method,
+        requests: Iterable[Any] | AsyncIterable[Any],
+        *,
+        key: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Client stream ``method`` on one instance (round-robin, or the key's), as
+        ``Client.client_stream``: its one reply."""
+        client = await self._connected(key)
+        return await client.client_stream(method, requests, timeout=timeout)
+
+    def bidi_stream(
+        self,
+        method: Method,
+        requests: Iterable[Any] | AsyncIterable[Any],
+        *,
+        key: Any = None,
+        timeout: float | None = None,
+        window: int = streams.DEFAULT_WINDOW,
+    ) -> streams.ItemStream:
+        """Both-way stream ``method`` on one instance (round-robin, or the key's), as
+        ``Client.bidi_stream``; the instance is picked when it opens."""
+        return _PickedStream(self, key, method, proto.SHAPE_BOTH, None, requests, timeout, window)
+
     async def close(self) -> None:
         self.registry.services.discard(self)
         await cancel_and_wait(self._watch)
@@ -151,3 +219,18 @@ class ServiceClient:
         for c in self._clients.values():
             await c.close()
         self._clients.clear()
+
+
+class _PickedStream(streams.ItemStream):
+    """An ``ItemStream`` whose client is an instance's, picked (and connected) when the stream
+    opens."""
+
+    def __init__(self, service: ServiceClient, key: Any, *args: Any):
+        super().__init__(None, *args)
+        self._service = service
+        self._key = key
+
+    async def _open(self) -> streams.ClientStream:
+        if self._client is None:
+            self._client = await self._service._connected(self._key)
+        return await super()._open()

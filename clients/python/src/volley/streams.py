@@ -330,14 +330,15 @@ class ItemStream:
         await self.aclose()
 
     def __del__(self) -> None:
-        state = self._state
+        # A constructor that refused its arguments left no state behind.
+        state = getattr(self, "_state", None)
         if state is not None and not state.ended:
             # Dropped before its end: cancel it from the loop (this may run anywhere).
             try:
                 state.conn.loop.call_soon_threadsafe(state.abandon)
             except RuntimeError:  # the loop is closed: so is the connection
                 pass
-        feeder = self._feeder
+        feeder = getattr(self, "_feeder", None)
         if feeder is not None and not feeder.done():
             try:
                 feeder.get_loop().call_soon_threadsafe(feeder.cancel)
