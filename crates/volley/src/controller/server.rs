@@ -89,6 +89,12 @@ pub struct ControllerConfig {
     /// How long a service with no instance left is still known (`resolve` says `known`, `list`
     /// names it) before the controller forgets it. Default 60 s.
     pub forget_after: Duration,
+    /// Most requests one connection's turn takes before the server serves its other
+    /// connections (the server's [`max_batch`](crate::ServerBuilder::max_batch)). Registry
+    /// calls are small and answered at once, so a short turn costs little, and a caller's
+    /// look-up waits behind at most this many requests of each other busy connection (a flood
+    /// of watches answered at once included). Default 64 (a server's default is 1,000).
+    pub max_turn: usize,
     /// An adaptive bound on the requests handled at once (as
     /// [`ServerBuilder::concurrency_limit`](crate::ServerBuilder::concurrency_limit)); held
     /// watches are outside it. `None` (the default): no limit.
@@ -116,6 +122,7 @@ impl Default for ControllerConfig {
             store_limits: StoreLimits::default(),
             max_list_bytes: 8 << 20,
             forget_after: Duration::from_secs(60),
+            max_turn: 64,
             concurrency_limit: None,
         }
     }
@@ -350,8 +357,9 @@ fn build_server(st: &Arc<State>) -> Server {
     // Held watches and relays have bounds of their own; the rest keeps `max_queued` whatever
     // they hold.
     let c = &st.config;
-    let mut builder =
-        Server::builder().max_queued(c.max_queued.saturating_add(c.max_watches).saturating_add(c.max_relays));
+    let mut builder = Server::builder()
+        .max_queued(c.max_queued.saturating_add(c.max_watches).saturating_add(c.max_relays))
+        .max_batch(c.max_turn.max(1));
     for t in &st.config.tokens {
         builder = builder.token(t);
     }
