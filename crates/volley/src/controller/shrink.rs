@@ -42,10 +42,10 @@ mod tests {
     #[test]
     fn a_table_emptied_to_a_quarter_shrinks_and_a_full_one_does_not() {
         let mut m: HashMap<u64, u64> = (0..10_000).map(|k| (k, k)).collect();
-        let peak = m.capacity();
         m.retain(|&k, _| k < 5_000);
         m.shrink_if_sparse();
-        assert_eq!(m.capacity(), peak, "half full: kept");
+        // (Removals leave tombstones that `capacity` no longer counts as room: not a shrink.)
+        assert!(m.capacity() > 10_000, "half full: kept, {}", m.capacity());
         m.retain(|&k, _| k < 100);
         m.shrink_if_sparse();
         assert!(m.capacity() >= 200 && m.capacity() < 1_000, "shrunk to {}", m.capacity());
