@@ -26,6 +26,7 @@ pub fn serve(
     registration_credential: Option<String>,
     token: Option<String>,
     admin: Option<String>,
+    forget_after: std::time::Duration,
     shedding: Shedding,
 ) -> Result<(), String> {
     runtime()?.block_on(async {
@@ -36,6 +37,7 @@ pub fn serve(
         let mut config = ControllerConfig::default().tokens(tokens);
         config.registration_credential = registration_credential;
         config.admin = admin;
+        config.forget_after = forget_after;
         config.concurrency_limit = shedding.limit();
         let controller = match store {
             "memory" => Controller::new(config),

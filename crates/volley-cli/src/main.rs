@@ -117,6 +117,10 @@ enum Command {
         /// status page at /, Prometheus metrics at /metrics, JSON at /vars.json.
         #[arg(long, value_name = "ADDR")]
         admin: Option<String>,
+        /// Seconds a service whose last instance went is still known (listed, and its metric
+        /// series kept) before the controller forgets it.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        forget_after: f64,
         #[command(flatten)]
         shedding: shedding::Shedding,
     },
@@ -265,9 +269,26 @@ fn main() -> std::process::ExitCode {
                 Err(_) => Err(format!("--grace {grace}: expected a number of seconds, 0 or more")),
             }
         }
-        Command::Controller { listen, store, registration_credential, token, admin, shedding } => {
-            controller::serve(&listen, &store, registration_credential, token, admin, shedding)
-        }
+        Command::Controller {
+            listen,
+            store,
+            registration_credential,
+            token,
+            admin,
+            forget_after,
+            shedding,
+        } => match Duration::try_from_secs_f64(forget_after) {
+            Ok(forget_after) => controller::serve(
+                &listen,
+                &store,
+                registration_credential,
+                token,
+                admin,
+                forget_after,
+                shedding,
+            ),
+            Err(_) => Err(format!("--forget-after {forget_after}: expected a number of seconds, 0 or more")),
+        },
         Command::Ls { registry, json, token, methods } => controller::ls(&registry, json, token, methods),
         Command::Describe(args) => call::describe(args),
         Command::Call(args) => match call::call(args) {

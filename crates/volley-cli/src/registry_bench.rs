@@ -13,10 +13,16 @@
 //!   against the uninterrupted run, in seconds of that run's rate, and the connection attempts
 //!   the client and the server made while the controller was down.
 //! - **names**: one peer registers `--names` services (default 320,000), each under a 50 ms
-//!   lease it never renews, against a controller that forgets a service 1 s after its last
-//!   instance went. Reported: the process's resident memory idle, at the peak, and once the
-//!   names are forgotten (and after handing freed memory back to the system, where the
-//!   allocator can), and the size of a `list` reply at the peak and after.
+//!   lease it never renews, against a controller process (`volley controller --forget-after
+//!   1`: it forgets a service 1 s after its last instance went). Reported: the controller
+//!   process's resident memory idle, at the peak, once the names are forgotten and 2 s later,
+//!   and the size of a `list` reply at the peak and after.
+//! - **watches**: `--watches` watch long polls (default 60,000) over 4 connections against a
+//!   controller process, each sent again as soon as it is answered (the controller holds up
+//!   to its bounds and answers the rest at once). Beside it, on a thread of its own, a canary
+//!   resolves a live service every 5 ms while that service's server renews a 3 s lease.
+//!   Reported: the canary's resolve latency (p50, p99, max) without and with the flood, its
+//!   `Overloaded` answers, and whether the live instance ever went missing.
 //!
 //! Client and servers run on two single-threaded runtimes (one core each), like `volley bench`.
 
@@ -50,6 +56,9 @@ pub struct RegistryBenchArgs {
     /// Service names registered under short leases (names).
     #[arg(long, default_value_t = 320_000)]
     names: usize,
+    /// Watches kept outstanding over 4 connections (watches).
+    #[arg(long, default_value_t = 60_000)]
+    watches: usize,
     /// Live echo servers.
     #[arg(long, default_value_t = 2)]
     live: usize,
@@ -76,6 +85,7 @@ enum Scenario {
     Pollution,
     Restart,
     Names,
+    Watches,
 }
 
 /// Width of one step of the time series.
@@ -163,6 +173,7 @@ pub fn run(args: RegistryBenchArgs) -> Result<(), String> {
         Scenario::Pollution => pollution(&args),
         Scenario::Restart => restart(&args),
         Scenario::Names => names(&args),
+        Scenario::Watches => watches(&args),
     }
 }
 
@@ -591,56 +602,82 @@ struct NamesReport {
     scenario: Scenario,
     names: usize,
     registered_per_s: f64,
+    /// The controller process's resident memory, started and connected to.
     rss_idle_mib: f64,
     rss_peak_mib: f64,
-    /// Once every name is forgotten.
+    /// When `list` first answers with no service left.
+    rss_forgotten_mib: f64,
+    /// Two seconds later (the controller hands freed memory back after the last sweep of a
+    /// wave of forgotten names).
     rss_after_mib: f64,
-    /// The same after `malloc_trim` (glibc: freed memory handed back to the system).
-    rss_after_trim_mib: f64,
     list_bytes_peak: usize,
     list_omitted_peak: u64,
     list_bytes_after: usize,
-    services_forgotten: u64,
 }
 
-/// The process's resident memory, in MiB.
-fn rss_mib() -> f64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+/// A process's resident memory, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
     let pages: f64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0.0);
     pages * 4096.0 / (1 << 20) as f64
 }
 
-fn trim() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
+/// `volley controller` (this binary) as a child process, killed when dropped.
+struct ControllerProcess(std::process::Child);
+
+impl ControllerProcess {
+    /// Starts one that forgets a service `forget_after` after its last instance; returns it
+    /// and the address it bound (the first line it prints).
+    fn start(forget_after: Duration) -> Result<(ControllerProcess, String), String> {
+        use std::io::BufRead;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = std::process::Command::new(exe)
+            .args(["controller", "--listen", "tcp://127.0.0.1:0", "--forget-after"])
+            .arg(forget_after.as_secs_f64().to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the controller: {e}"))?;
+        let stdout = child.stdout.take().expect("piped");
+        let proc = ControllerProcess(child);
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line).map_err(|e| e.to_string())?;
+        let addr = line.trim().to_string();
+        if addr.is_empty() {
+            return Err("the controller printed no address".into());
+        }
+        Ok((proc, addr))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
     }
 }
 
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The controller runs as a process of its own (`volley controller --forget-after 1`), so its
+/// resident memory is measured alone, without the registering peer's.
 fn names(args: &RegistryBenchArgs) -> Result<(), String> {
     use volley::discovery::wire::LIST;
     let rt = current_thread()?;
-    let config = ControllerConfig::default()
-        .expiry_tick(Duration::from_millis(100))
-        .forget_after(Duration::from_secs(1))
-        .settle(Duration::ZERO);
-    let (addr, stop, thread) = on_own_thread(move || {
-        Box::pin(async move {
-            let c = Controller::new(config);
-            let addr = c.listen("tcp://127.0.0.1:0").await.map_err(|e| e.to_string())?.to_string();
-            Ok(((addr, c.clone()), c))
-        })
-    })?;
-    let (addr, controller) = addr;
-    let report = rt.block_on(async {
+    let (controller, addr) = ControllerProcess::start(Duration::from_secs(1))?;
+    let pid = controller.pid();
+    let r = rt.block_on(async {
         let raw = Client::connect(&addr).await.map_err(|e| e.to_string())?;
-        let list_bytes = async || -> Result<(usize, u64), String> {
+        let list = async || -> Result<(usize, u64, usize), String> {
             let l = raw.call(&LIST, ()).await.map_err(|e| format!("list: {e}"))?;
-            Ok((serde_json::to_vec(&l).map_err(|e| e.to_string())?.len(), l.omitted))
+            let bytes = serde_json::to_vec(&l).map_err(|e| e.to_string())?.len();
+            Ok((bytes, l.omitted, l.services.len()))
         };
-        trim();
-        let rss_idle_mib = rss_mib();
+        list().await?;
+        let rss_idle_mib = rss_mib(pid);
         let t0 = Instant::now();
         let mut in_flight = tokio::task::JoinSet::new();
         let mut rss_peak_mib = rss_idle_mib;
@@ -662,46 +699,43 @@ fn names(args: &RegistryBenchArgs) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
             }
             if k % 10_000 == 0 {
-                rss_peak_mib = rss_peak_mib.max(rss_mib());
+                rss_peak_mib = rss_peak_mib.max(rss_mib(pid));
             }
         }
         while let Some(r) = in_flight.join_next().await {
             r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
         }
         let registered_per_s = args.names as f64 / t0.elapsed().as_secs_f64();
-        let (list_bytes_peak, list_omitted_peak) = list_bytes().await?;
-        rss_peak_mib = rss_peak_mib.max(rss_mib());
+        let (list_bytes_peak, list_omitted_peak, _) = list().await?;
+        rss_peak_mib = rss_peak_mib.max(rss_mib(pid));
         let deadline = Instant::now() + Duration::from_secs(120);
-        while controller.stats().services_forgotten < args.names as u64 {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "only {} names forgotten after 120 s",
-                    controller.stats().services_forgotten
-                ));
+        let list_bytes_after = loop {
+            rss_peak_mib = rss_peak_mib.max(rss_mib(pid));
+            let (bytes, omitted, services) = list().await?;
+            if services == 0 && omitted == 0 {
+                break bytes;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let (list_bytes_after, _) = list_bytes().await?;
-        let rss_after_mib = rss_mib();
-        trim();
+            if Instant::now() > deadline {
+                return Err(format!("{} names still listed after 120 s", services as u64 + omitted));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let rss_forgotten_mib = rss_mib(pid);
+        tokio::time::sleep(Duration::from_secs(2)).await;
         Ok::<_, String>(NamesReport {
             scenario: Scenario::Names,
             names: args.names,
             registered_per_s,
             rss_idle_mib,
             rss_peak_mib,
-            rss_after_mib,
-            rss_after_trim_mib: rss_mib(),
+            rss_forgotten_mib,
+            rss_after_mib: rss_mib(pid),
             list_bytes_peak,
             list_omitted_peak,
             list_bytes_after,
-            services_forgotten: controller.stats().services_forgotten,
         })
-    });
+    })?;
     drop(controller);
-    let _ = stop.send(());
-    let _ = thread.join();
-    let r = report?;
     if args.json {
         outln!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
     } else {
@@ -711,19 +745,184 @@ fn names(args: &RegistryBenchArgs) -> Result<(), String> {
             r.registered_per_s
         );
         outln!(
-            "  resident memory: idle {:.1} MiB, peak {:.1} MiB, all forgotten {:.1} MiB ({:.1} MiB once freed memory is handed back)",
+            "  controller's resident memory: idle {:.1} MiB, peak {:.1} MiB, all forgotten {:.1} MiB, 2 s later {:.1} MiB ({:.1}× idle)",
             r.rss_idle_mib,
             r.rss_peak_mib,
+            r.rss_forgotten_mib,
             r.rss_after_mib,
-            r.rss_after_trim_mib
+            r.rss_after_mib / r.rss_idle_mib.max(f64::MIN_POSITIVE)
         );
         outln!(
-            "  list reply: {} bytes at the peak ({} services omitted), {} bytes after; {} services forgotten",
+            "  list reply: {} bytes at the peak ({} services omitted), {} bytes after",
             r.list_bytes_peak,
             r.list_omitted_peak,
-            r.list_bytes_after,
-            r.services_forgotten
+            r.list_bytes_after
         );
+    }
+    Ok(())
+}
+
+/// A canary's resolves: latency in microseconds, and what went wrong.
+#[derive(Serialize)]
+struct Canary {
+    resolves: u64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    overloaded: u64,
+    /// Other errors.
+    errors: u64,
+    /// Resolves that found the live instance missing (its lease lapsed).
+    missing: u64,
+}
+
+#[derive(Serialize)]
+struct WatchesReport {
+    scenario: Scenario,
+    watches: usize,
+    seconds: f64,
+    quiet: Canary,
+    flooded: Canary,
+    /// Watches answered per second during the flooded run (held ones at their timeout, the
+    /// rest at once).
+    watches_answered_per_s: f64,
+    /// Watch calls that failed (refused, not answered).
+    watches_failed: u64,
+}
+
+/// Resolves `service` every 5 ms for `duration` on its own connection.
+async fn canary(addr: &str, service: &str, duration: Duration) -> Result<Canary, String> {
+    use volley::discovery::wire::RESOLVE;
+    let c = Client::connect(addr).await.map_err(|e| e.to_string())?;
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).map_err(|e| e.to_string())?;
+    let (mut overloaded, mut errors, mut missing) = (0, 0, 0);
+    let end = Instant::now() + duration;
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while Instant::now() < end {
+        tick.tick().await;
+        let t = Instant::now();
+        let r = c.call(&RESOLVE, service.to_string()).await;
+        h.record(t.elapsed().as_micros() as u64).map_err(|e| e.to_string())?;
+        match r {
+            Ok(r) if r.instances.is_empty() => missing += 1,
+            Ok(_) => {}
+            Err(e) if e.code() == Some(volley::Code::Overloaded) => overloaded += 1,
+            Err(_) => errors += 1,
+        }
+    }
+    let ms = |us: u64| us as f64 / 1000.0;
+    Ok(Canary {
+        resolves: h.len(),
+        p50_ms: ms(h.value_at_quantile(0.5)),
+        p99_ms: ms(h.value_at_quantile(0.99)),
+        max_ms: ms(h.max()),
+        overloaded,
+        errors,
+        missing,
+    })
+}
+
+fn watches(args: &RegistryBenchArgs) -> Result<(), String> {
+    use volley::discovery::wire::{RESOLVE, WATCH, WatchRequest};
+    const CONNECTIONS: usize = 4;
+    let duration = Duration::from_secs_f64(args.duration);
+    let (controller, addr) = ControllerProcess::start(Duration::from_secs(60))?;
+    let rt = current_thread()?;
+    // The live service, renewing a 3 s lease (a third of it between renewals).
+    let (_live, epoch) = rt.block_on(async {
+        let registry = Registry::connect(&addr).await.map_err(|e| e.to_string())?;
+        let s = server_named(ECHO.service());
+        let bound = s.listen("tcp://127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let spec = InstanceSpec::new(ECHO.service(), bound.to_string());
+        let mut lease = LeaseConfig::default();
+        lease.ttl = Duration::from_secs(3);
+        let registration = registry.register(&s, vec![spec], lease).await.map_err(|e| e.to_string())?;
+        let raw = Client::connect(&addr).await.map_err(|e| e.to_string())?;
+        let epoch = raw.call(&RESOLVE, ECHO.service().to_string()).await.map_err(|e| e.to_string())?.epoch;
+        Ok::<_, String>(((s, registry, registration), epoch))
+    })?;
+    let quiet = rt.block_on(canary(&addr, ECHO.service(), duration))?;
+
+    let answered = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let (flood_addr, total) = (addr.clone(), args.watches);
+    let (a, f) = (answered.clone(), failed.clone());
+    let ((), stop, thread) = on_own_thread(move || {
+        Box::pin(async move {
+            let mut clients = Vec::new();
+            for _ in 0..CONNECTIONS {
+                clients.push(Client::connect(&flood_addr).await.map_err(|e| e.to_string())?);
+            }
+            for k in 0..total {
+                let c = clients[k % CONNECTIONS].clone();
+                let (a, f) = (a.clone(), f.clone());
+                let w = WatchRequest {
+                    service: format!("quiet-{}", k % 10),
+                    epoch,
+                    from_revision: u64::MAX / 2,
+                    timeout_ms: 60_000,
+                    client_id: 0,
+                };
+                // Dropped with the runtime when the flood stops.
+                tokio::spawn(async move {
+                    loop {
+                        match c.call(&WATCH, w.clone()).await {
+                            Ok(_) => a.fetch_add(1, Relaxed),
+                            Err(_) => f.fetch_add(1, Relaxed),
+                        };
+                        tokio::task::yield_now().await;
+                    }
+                });
+            }
+            Ok(((), clients))
+        })
+    })?;
+    // The flood in place: more answered than a round of it. (On the runtime: the live
+    // server's lease keeper runs on it.)
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while answered.load(Relaxed) < total as u64 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let a0 = answered.load(Relaxed);
+    let t0 = Instant::now();
+    let flooded = rt.block_on(canary(&addr, ECHO.service(), duration))?;
+    let watches_answered_per_s = (answered.load(Relaxed) - a0) as f64 / t0.elapsed().as_secs_f64();
+    let _ = stop.send(());
+    let _ = thread.join();
+    drop(controller);
+    let r = WatchesReport {
+        scenario: Scenario::Watches,
+        watches: total,
+        seconds: duration.as_secs_f64(),
+        quiet,
+        flooded,
+        watches_answered_per_s,
+        watches_failed: failed.load(Relaxed),
+    };
+    if args.json {
+        outln!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+    } else {
+        outln!(
+            "registry watches: {} watches kept outstanding over {CONNECTIONS} connections, a canary resolving every 5 ms for {:.1} s",
+            r.watches,
+            r.seconds
+        );
+        for (name, c) in [("quiet", &r.quiet), ("flooded", &r.flooded)] {
+            outln!(
+                "  {name:<8} {} resolves: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {} Overloaded, {} other errors, {} without the live instance",
+                c.resolves,
+                c.p50_ms,
+                c.p99_ms,
+                c.max_ms,
+                c.overloaded,
+                c.errors,
+                c.missing
+            );
+        }
+        outln!("  flood: {:.0} watches answered/s, {} refused", r.watches_answered_per_s, r.watches_failed);
     }
     Ok(())
 }

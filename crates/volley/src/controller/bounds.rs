@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use super::shrink::Shrink;
+
 /// Watches held now, in all and by connection.
 pub(crate) struct HeldWatches {
     max: usize,
@@ -66,6 +68,7 @@ impl Drop for WatchSlot<'_> {
             *n -= 1;
             if *n == 0 {
                 h.by_connection.remove(&self.key);
+                h.by_connection.shrink_if_sparse();
             }
         }
     }

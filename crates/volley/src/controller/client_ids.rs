@@ -15,6 +15,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use super::shrink::Shrink;
 use super::store::Store;
 use crate::server::ConnectionScope;
 
@@ -62,6 +63,8 @@ impl Holders {
                 free.push(id);
             }
         }
+        st.by_connection.shrink_if_sparse();
+        st.by_id.shrink_if_sparse();
         free
     }
 
@@ -83,6 +86,7 @@ impl Holders {
                 ids.retain(|&i| i != id);
             }
         }
+        st.by_id.shrink_if_sparse();
     }
 
     /// Ids held by open connections (for tests and stats).

@@ -11,6 +11,7 @@
 //! - `store.rs` — the [`Store`] trait and the [`MemoryStore`];
 //! - `bounds.rs` — the held watches, relays in flight and sizes it bounds;
 //! - `client_ids.rs` — which connections hold which client ids;
+//! - `shrink.rs` — hash tables that give their room back once a flood has gone;
 //! - `embedded.rs` — the process's embedded controller.
 
 mod bounds;
@@ -18,6 +19,7 @@ mod client_ids;
 mod embedded;
 mod relay;
 mod server;
+mod shrink;
 mod store;
 
 pub use embedded::embedded;

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::sync::{OnceCell, watch};
 
+use super::shrink::Shrink;
 use super::store::{Store, status};
 use crate::balance::{Balance, Pick, Pool, PoolConfig, PoolStats};
 use crate::client::{CallOptions, ClientConfig};
@@ -80,6 +81,7 @@ impl Relay {
         for s in services {
             pools.remove(s);
         }
+        pools.shrink_if_sparse();
     }
 
     /// Drops every pool (and with them the connections to instances).

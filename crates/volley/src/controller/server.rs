@@ -89,6 +89,12 @@ pub struct ControllerConfig {
     /// How long a service with no instance left is still known (`resolve` says `known`, `list`
     /// names it) before the controller forgets it. Default 60 s.
     pub forget_after: Duration,
+    /// Most requests one connection's turn takes before the server serves its other
+    /// connections (the server's [`max_batch`](crate::ServerBuilder::max_batch)). Registry
+    /// calls are small and answered at once, so a short turn costs little, and a caller's
+    /// look-up waits behind at most this many requests of each other busy connection (a flood
+    /// of watches answered at once included). Default 64 (a server's default is 1,000).
+    pub max_turn: usize,
     /// An adaptive bound on the requests handled at once (as
     /// [`ServerBuilder::concurrency_limit`](crate::ServerBuilder::concurrency_limit)); held
     /// watches are outside it. `None` (the default): no limit.
@@ -116,6 +122,7 @@ impl Default for ControllerConfig {
             store_limits: StoreLimits::default(),
             max_list_bytes: 8 << 20,
             forget_after: Duration::from_secs(60),
+            max_turn: 64,
             concurrency_limit: None,
         }
     }
@@ -350,8 +357,9 @@ fn build_server(st: &Arc<State>) -> Server {
     // Held watches and relays have bounds of their own; the rest keeps `max_queued` whatever
     // they hold.
     let c = &st.config;
-    let mut builder =
-        Server::builder().max_queued(c.max_queued.saturating_add(c.max_watches).saturating_add(c.max_relays));
+    let mut builder = Server::builder()
+        .max_queued(c.max_queued.saturating_add(c.max_watches).saturating_add(c.max_relays))
+        .max_batch(c.max_turn.max(1));
     for t in &st.config.tokens {
         builder = builder.token(t);
     }
@@ -378,9 +386,39 @@ fn build_server(st: &Arc<State>) -> Server {
         .build()
 }
 
-/// Services forgotten from which the controller hands freed memory back to the system: a flood of short-lived names (hundreds of thousands) otherwise leaves the
+/// Services forgotten from which the controller hands freed memory back to the system at
+/// once, mid-flood: a flood of short-lived names (hundreds of thousands) otherwise leaves the
 /// process at its peak size for good.
 const GIVE_BACK_AFTER: usize = 1_024;
+
+/// Fewer services forgotten are handed back once a sweep forgets none (the flood, or the
+/// trickle, is over), at most this often: a trim walks the whole heap.
+const GIVE_BACK_EVERY: Duration = Duration::from_secs(1);
+
+/// When the expiry loop hands freed memory back: after every `GIVE_BACK_AFTER` services
+/// forgotten, and after the last sweep of a wave of them (the memory of the wave's tail would
+/// otherwise stay until the next wave).
+#[derive(Debug, Default)]
+struct GiveBack {
+    forgotten: usize,
+    last: Option<Instant>,
+}
+
+impl GiveBack {
+    /// A sweep forgot `n` services at `now`; returns whether to hand memory back now.
+    fn swept(&mut self, n: usize, now: Instant) -> bool {
+        self.forgotten += n;
+        let due = self.forgotten >= GIVE_BACK_AFTER
+            || (n == 0
+                && self.forgotten > 0
+                && self.last.is_none_or(|t| now.saturating_duration_since(t) >= GIVE_BACK_EVERY));
+        if due {
+            self.forgotten = 0;
+            self.last = Some(now);
+        }
+        due
+    }
+}
 
 /// Returns the allocator's free memory to the system. glibc keeps freed memory of the main
 /// heap for reuse: after 320,000 lapsed names were forgotten the controller stayed at 73 MiB
@@ -412,7 +450,7 @@ impl State {
     }
 
     async fn expire_loop(&self) {
-        let mut forgotten_since_trim = 0;
+        let mut give_back = GiveBack::default();
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => return,
@@ -422,19 +460,20 @@ impl State {
                 Ok(n) => _ = self.expired.fetch_add(n as u64, Relaxed),
                 Err(e) => tracing::warn!(error = %e, "lease expiry failed"),
             }
-            match self.store.forget(self.config.forget_after).await {
-                Ok(gone) if !gone.is_empty() => {
-                    tracing::debug!(services = gone.len(), "forgot services with no instance left");
-                    self.forgotten.fetch_add(gone.len() as u64, Relaxed);
-                    self.relay.forget(&gone);
-                    forgotten_since_trim += gone.len();
-                    if forgotten_since_trim >= GIVE_BACK_AFTER {
-                        forgotten_since_trim = 0;
-                        give_back_memory();
-                    }
+            let gone = match self.store.forget(self.config.forget_after).await {
+                Ok(gone) => gone,
+                Err(e) => {
+                    tracing::warn!(error = %e, "forgetting empty services failed");
+                    Vec::new()
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "forgetting empty services failed"),
+            };
+            if !gone.is_empty() {
+                tracing::debug!(services = gone.len(), "forgot services with no instance left");
+                self.forgotten.fetch_add(gone.len() as u64, Relaxed);
+                self.relay.forget(&gone);
+            }
+            if give_back.swept(gone.len(), Instant::now()) {
+                give_back_memory();
             }
         }
     }
@@ -689,4 +728,25 @@ async fn relay(st: Arc<State>, r: RelayRequest) -> Result<RelayReply, Status> {
         ));
     };
     Ok(st.relay.forward(&*st.store, st.epoch, r).await.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_given_back_mid_flood_and_after_the_last_sweep_of_a_wave() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut g = GiveBack::default();
+        assert!(!g.swept(0, at(0)), "nothing forgotten, nothing to give back");
+        assert!(!g.swept(1_000, at(100)), "mid-wave, under the count");
+        assert!(g.swept(100, at(200)), "the count reached");
+        assert!(!g.swept(500, at(300)));
+        assert!(g.swept(0, at(1_300)), "the wave's tail, once a sweep forgets none");
+        assert!(!g.swept(0, at(1_400)), "nothing new since");
+        assert!(!g.swept(3, at(1_500)));
+        assert!(!g.swept(0, at(1_600)), "a trickle is handed back at most once a second");
+        assert!(g.swept(0, at(2_300)));
+    }
 }

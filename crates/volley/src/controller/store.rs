@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::bounds::json_len;
+use super::shrink::Shrink;
 use crate::discovery::wire::{Instance, InstanceSpec, ListedInstance, ServiceListing};
 use crate::error::Status;
 use crate::proto::Code;
@@ -486,7 +487,10 @@ impl Store for MemoryStore {
 
     fn revoke(&self, lease: u64) -> BoxFuture<'_, Result<usize, StoreError>> {
         ready(self.with(|st| match st.leases.remove(&lease) {
-            Some(l) => Ok(st.remove_instances(&l.instances)),
+            Some(l) => {
+                st.leases.shrink_if_sparse();
+                Ok(st.remove_instances(&l.instances))
+            }
             None => Err(StoreError::UnknownLease(lease)),
         }))
     }
@@ -502,6 +506,7 @@ impl Store for MemoryStore {
                 tracing::info!(lease = id, instances = l.instances.len(), "lease lapsed");
                 gone.extend(l.instances);
             }
+            st.leases.shrink_if_sparse();
             st.remove_instances(&gone)
         })))
     }
@@ -565,7 +570,10 @@ impl Store for MemoryStore {
     }
 
     fn release_client_id(&self, id: u32) -> BoxFuture<'_, Result<bool, StoreError>> {
-        ready(Ok(self.state.lock().ids.allocated.remove(&id)))
+        let mut st = self.state.lock();
+        let released = st.ids.allocated.remove(&id);
+        st.ids.allocated.shrink_if_sparse();
+        ready(Ok(released))
     }
 
     fn claim_client_id(&self, id: u32) -> BoxFuture<'_, Result<(), StoreError>> {

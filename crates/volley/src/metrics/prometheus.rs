@@ -219,8 +219,8 @@ fn server(enc: &mut DescriptorEncoder, s: &Scrape) -> Result<(), FmtError> {
     gauge(
         enc,
         "volley_server_receive_held_bytes",
-        "Bytes held now in buffers of large frames being received, over all connections (bounded by \
-         receive_budget).",
+        "Bytes held now in buffers of large frames being received and by replies peers have not read, \
+         over all connections (bounded by receive_budget).",
         sv.receive_held,
     )?;
     gauge(

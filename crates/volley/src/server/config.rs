@@ -40,7 +40,13 @@ pub struct ServerConfig {
     /// nothing more (its peer's bytes stay in the kernel), until other frames complete; if
     /// none does within `read_timeout` it is closed with a go-away (`Overloaded`) saying so. A
     /// frame larger than the whole budget is refused so at once. Connections' ordinary read
-    /// buffers (64 KiB while reading, none while idle) are not counted. Default 256 MiB.
+    /// buffers (64 KiB while reading, none while idle) are not counted.
+    ///
+    /// The same budget counts each connection's unsent replies beyond 1 MiB (its peer does not
+    /// read them): a connection whose replies find no room reads no more requests until its
+    /// peer takes some or room frees, and is closed with a go-away (`Overloaded`) if neither
+    /// happens within `read_timeout`. So peers that read nothing hold no more than the budget
+    /// together (each is also parked at 16 MiB of its own). Default 256 MiB.
     pub receive_budget: usize,
     /// How long a peer that sent part of a frame may stay silent before its connection is
     /// closed (a stalled or malicious peer must not hold a buffer and a task forever). An idle

@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use super::admission::{OpeningTicket, Served};
 use super::dispatch::{Conn, Dispatch};
 use super::peer::Peer;
+use super::reply_room::ReplyRoom;
 use super::shared::Shared;
 use crate::liveness::{Action, Liveness};
 use crate::proto::{Code, Message, ProtocolError, SERVER_PREAMBLE};
@@ -128,7 +129,8 @@ async fn serve(
     let inflight = TaskTracker::new();
     // Layers above see the connection close when this function returns (the guard drops).
     let (peer_scope, _closes_with_serve) = Peer::open(&peer);
-    let end = turns(&shared, &mut reader, &outbox, &inflight, Dispatch::new(peer_scope)).await;
+    let room = ReplyRoom::new(shared.receive.clone(), shared.config.read_timeout, outbox.clone());
+    let end = turns(&shared, &mut reader, &outbox, &room, &inflight, Dispatch::new(peer_scope)).await;
     inflight.close();
     tokio::select! {
         _ = inflight.wait() => {}
@@ -156,6 +158,7 @@ async fn turns(
     shared: &Arc<Shared>,
     reader: &mut FrameReader<StreamRead>,
     outbox: &Arc<Outbox>,
+    room: &ReplyRoom,
     inflight: &TaskTracker,
     mut dispatch: Dispatch,
 ) -> End {
@@ -177,8 +180,9 @@ async fn turns(
         let read = tokio::select! {
             biased;
             r = async {
-                // A peer that does not read its replies stops us reading its requests.
-                outbox.wait_queued_below(MAX_UNSENT).await;
+                // A peer that does not read its replies stops us reading its requests (at its
+                // own bound, or when the server's budget has no room for its replies).
+                room.wait().await.map_err(ReadError::OverBudget)?;
                 reader.read_batch(&mut batch, shared.config.max_batch, &shared.counters).await
             } => r,
             () = std::future::poll_fn(|cx| {
@@ -270,7 +274,7 @@ fn say_why(end: &End, outbox: &Outbox, peer: &str) {
             let _ = outbox.push(|fb| fb.go_away(Code::Protocol, e));
         }
         End::OverBudget(e) => {
-            tracing::warn!(%peer, error = %e, "closing connection: no room for its frame");
+            tracing::warn!(%peer, error = %e, "closing connection: no room in the server's budget");
             let _ = outbox.push(|fb| fb.go_away(Code::Overloaded, e));
         }
         End::Dead => tracing::info!(%peer, "closing connection: no answer to a keepalive ping"),
@@ -340,9 +344,6 @@ async fn go_away_and_close(
     let _ = tokio::time::timeout(LINGER, outbox.write_loop(wr, &shared.counters, false)).await;
     reader.drain(LINGER).await;
 }
-
-/// Unsent reply bytes above which a connection stops reading requests until its peer catches up.
-const MAX_UNSENT: usize = 16 << 20;
 
 /// Without a read timeout, how long a closing connection waits for its peer to read anything.
 const DEFAULT_WRITE_STALL: Duration = Duration::from_secs(30);

@@ -28,6 +28,7 @@ mod observe;
 mod offload;
 mod peer;
 mod replies;
+mod reply_room;
 mod router;
 mod running;
 mod shared;

@@ -1,6 +1,9 @@
 //! A bound, shared by every connection of a server, on the memory held for frames being
-//! received: without it, each connection that sends most of a large frame and stops holds that
-//! frame's buffer until its read timeout, and a few thousand of them hold gigabytes.
+//! received and for replies queued to peers that do not read them: without it, each
+//! connection that sends most of a large frame and stops holds that frame's buffer until its
+//! read timeout, each that sends requests and reads no replies holds its queue of replies, and
+//! a few thousand of them hold gigabytes. (Replies are taken from the budget by the server's
+//! connections, see `server/reply_room.rs`.)
 //!
 //! Only buffers larger than a connection's ordinary read buffer (64 KiB) are counted: those are
 //! the room for one large frame, which a peer chooses by announcing the frame's length. A reader
@@ -24,7 +27,7 @@ pub(crate) struct ReceiveBudget {
 /// Bytes taken from a budget; given back when dropped.
 #[derive(Debug)]
 pub(crate) struct Held {
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
 }
 
 /// Why a reader could not have room for a frame.
@@ -34,6 +37,9 @@ pub(crate) enum Refused {
     TooLarge { needed: usize, budget: usize },
     /// The budget stayed spent (by other connections' frames) for this long.
     Spent { needed: usize, budget: usize, waited: Duration },
+    /// A connection's unsent replies (its peer reads none) found no room in the budget for
+    /// this long.
+    Replies { unsent: usize, budget: usize, waited: Duration },
 }
 
 impl std::fmt::Display for Refused {
@@ -48,6 +54,11 @@ impl std::fmt::Display for Refused {
                 f,
                 "the server's budget of {budget} bytes for frames being received stayed spent for \
                  {waited:?}; a frame needing {needed} bytes could not be taken"
+            ),
+            Refused::Replies { unsent, budget, waited } => write!(
+                f,
+                "the peer does not read its replies: {unsent} bytes of them unsent found no room in \
+                 the server's budget of {budget} bytes for {waited:?}"
             ),
         }
     }
@@ -86,7 +97,30 @@ impl ReceiveBudget {
             },
         };
         let permit = permit.expect("the budget's semaphore is never closed");
-        Ok(Held { _permit: permit })
+        Ok(Held { permit })
+    }
+
+    /// Takes `n` bytes if they are free now.
+    pub(crate) fn try_take(&self, n: usize) -> Option<Held> {
+        let count = u32::try_from(n).ok()?;
+        self.free.clone().try_acquire_many_owned(count).ok().map(|permit| Held { permit })
+    }
+}
+
+impl Held {
+    /// The bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.permit.num_permits()
+    }
+
+    /// Holds `other`'s bytes too.
+    pub(crate) fn merge(&mut self, other: Held) {
+        self.permit.merge(other.permit);
+    }
+
+    /// Takes `n` of the bytes held into a `Held` of their own (`None` if fewer are held).
+    pub(crate) fn split(&mut self, n: usize) -> Option<Held> {
+        self.permit.split(n).map(|permit| Held { permit })
     }
 }
 

@@ -50,6 +50,9 @@ pub struct Outbox {
     /// Bytes written to the socket so far: a connection closing tells a peer that reads
     /// slowly from one that reads nothing.
     written: AtomicU64,
+    /// Bytes taken from the queue by a write (the writer task's or a direct one), written or
+    /// not yet: with `written`, what a write holds that the peer has not taken.
+    handed: AtomicU64,
     /// Direct writes made, for tests to check they exercised the path.
     #[cfg(test)]
     direct: AtomicU64,
@@ -123,6 +126,7 @@ impl Outbox {
             }),
             drained: tokio::sync::Notify::new(),
             written: AtomicU64::new(0),
+            handed: AtomicU64::new(0),
             #[cfg(test)]
             direct: AtomicU64::new(0),
         }
@@ -208,6 +212,7 @@ impl Outbox {
         // Counted before the write, as the writer task does (see `drain_into`); what a direct
         // write left was counted by it.
         counters.sent(frames, messages, bytes);
+        self.handed.fetch_add(bytes, Ordering::Relaxed);
         // An error is left to the writer task too: its write meets it again and ends the
         // connection the one way it always does.
         #[cfg(test)]
@@ -264,25 +269,24 @@ impl Outbox {
         unsent
     }
 
-    /// Waits until fewer than `limit` bytes are queued (or the outbox is closed).
-    pub async fn wait_queued_below(&self, limit: usize) {
-        // Nearly every turn finds room: checked before a wake-up is armed (arming and dropping
-        // one costs a read loop's turn ~80 instructions).
-        if self.queued_below(limit) {
-            return;
+    /// Bytes queued or being written that the stream has not taken yet; `None` once the
+    /// writer has ended (nothing more is written; what is left goes with the outbox).
+    pub fn unsent(&self) -> Option<usize> {
+        let st = self.state.lock();
+        if st.writer_gone {
+            return None;
         }
-        loop {
-            let drained = self.drained.notified();
-            if self.queued_below(limit) {
-                return;
-            }
-            drained.await;
-        }
+        // Read under the lock that `take` and `write_now` add to `handed` under.
+        let writing =
+            self.handed.load(Ordering::Relaxed).saturating_sub(self.written.load(Ordering::Relaxed));
+        Some(st.builder.queued_len() + writing as usize)
     }
 
-    fn queued_below(&self, limit: usize) -> bool {
-        let st = self.state.lock();
-        st.closed || st.queued_len() < limit
+    /// Completes after the next write (or the writer's end): for waiting until the peer took
+    /// some replies. Enable it before looking at [`unsent`](Self::unsent), or a write in
+    /// between is missed.
+    pub fn drained(&self) -> tokio::sync::futures::Notified<'_> {
+        self.drained.notified()
     }
 
     /// Bytes written to the stream so far (by the writer task and by direct writes).
@@ -327,6 +331,7 @@ impl Outbox {
         let counted = out.len();
         st.builder.take_into(out);
         let bytes = out[counted..].iter().map(Bytes::len).sum::<usize>() as u64;
+        self.handed.fetch_add(bytes, Ordering::Relaxed);
         let (frames, messages) = st.unreported();
         Some((sink, Some((frames, messages, bytes))))
     }
