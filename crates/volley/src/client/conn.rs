@@ -34,8 +34,8 @@ pub(crate) struct StreamConn {
     dead: tokio_util::sync::CancellationToken,
     /// The read loop's task while it waits for bytes, woken when the connection fails
     /// elsewhere (`ended` set). Polling the token's wait each time the reader parked cost
-    /// ~250 instructions per lone call's round trip (its waiter list sits behind a lock);
-    /// this is a compare-and-swap and a load (scripts/callcost.py, tcp-1).
+    /// ~140 instructions more per lone call's round trip (its waiter list sits behind a lock)
+    /// than this compare-and-swap and load (scripts/callcost.py, tcp-1).
     reader: AtomicWaker,
     /// Read turns so far (the keepalive task compares it between its ticks).
     reads: AtomicU64,

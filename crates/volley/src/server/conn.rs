@@ -233,7 +233,7 @@ async fn turns(
 /// it not ready. Once polled with the task's waker, a pending tokio wait wakes that waker itself
 /// when it becomes ready, so polling it again with the same waker is skipped until `may_be_ready`
 /// (a flag set before the wait completes) says otherwise. Polled every time, the shutdown
-/// token's wait re-took its lock, ~200 instructions per lone round trip (scripts/callcost.py,
+/// token's wait re-took its lock, ~100 instructions per lone round trip (scripts/callcost.py,
 /// tcp-1). Only for waits outside tokio's cooperative budget: a timer whose budget ran out
 /// returns pending without registering anything, and must be polled again.
 #[derive(Default)]
