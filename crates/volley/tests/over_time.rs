@@ -763,6 +763,11 @@ async fn a_shutdown_deadline_answers_what_outlasts_it_with_shutting_down_at_the_
     let (r, ended) = slow.await.unwrap();
     assert!(took >= Duration::from_secs(1) && took < Duration::from_millis(1_100), "returned after {took:?}");
     assert!(
+        ended - t0 < Duration::from_millis(1_100),
+        "the slow call ended {:?} after the shutdown began",
+        ended - t0
+    );
+    assert!(
         matches!(&r, Err(e) if e.code() == Some(Code::ShuttingDown) || matches!(e, Error::Closed | Error::NotRun(_))),
         "{r:?}"
     );
