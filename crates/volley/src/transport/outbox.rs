@@ -207,12 +207,13 @@ impl Outbox {
         let counted = segs.len();
         st.builder.take_into(&mut segs);
         let (frames, messages) = st.unreported();
-        drop(st);
         let bytes = segs[counted..].iter().map(Bytes::len).sum::<usize>() as u64;
+        // Under the lock, as `take` does: `unsent` must not see them neither queued nor handed.
+        self.handed.fetch_add(bytes, Ordering::Relaxed);
+        drop(st);
         // Counted before the write, as the writer task does (see `drain_into`); what a direct
         // write left was counted by it.
         counters.sent(frames, messages, bytes);
-        self.handed.fetch_add(bytes, Ordering::Relaxed);
         // An error is left to the writer task too: its write meets it again and ends the
         // connection the one way it always does.
         #[cfg(test)]
