@@ -11,10 +11,8 @@
 //! more in an unrelated struct took it to 11.8 KiB). The resident set is still printed, and
 //! `volley-research idle` reports it across two processes.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use volley::bytes::{BufMut, Bytes};
 use volley::proto::{FrameBuilder, Limits, PREAMBLE};
@@ -29,36 +27,9 @@ const CONNECTIONS: usize = 1_000;
 /// 100 MiB over 10,000 connections.
 const PER_CONNECTION_MAX: usize = (100 << 20) / 10_000;
 
-/// Counts the bytes the process holds allocated.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) };
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn live_bytes() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
+#[path = "support/live_bytes.rs"]
+mod live_bytes;
+use live_bytes::live_bytes;
 
 fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
