@@ -52,11 +52,14 @@ fn server(calls: Arc<AtomicU64>) -> Server {
         .build()
 }
 
-/// A controller that expires leases within 10 ms of their end and does not settle.
+/// A controller's settings that expire leases within 10 ms of their end and do not settle.
+fn quick() -> ControllerConfig {
+    ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(Duration::ZERO)
+}
+
+/// A controller with the `quick` settings.
 async fn controller() -> (Controller, String) {
-    let c = Controller::new(
-        ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(Duration::ZERO),
-    );
+    let c = Controller::new(quick());
     let addr = c.listen(&unique("ctl")).await.unwrap().to_string();
     (c, addr)
 }
@@ -362,7 +365,6 @@ async fn an_instance_that_stops_gets_no_more_calls_and_none_fails() {
 #[tokio::test(start_paused = true)]
 async fn after_a_controller_restart_the_instance_is_listed_again_within_a_lease_time() {
     let addr = unique("restart");
-    let quick = || ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(Duration::ZERO);
     let c = Controller::new(quick());
     c.listen(&addr).await.unwrap();
     let registry = Registry::connect(&addr).await.unwrap();
@@ -583,7 +585,6 @@ async fn an_instance_whose_lease_lapses_leaves_the_callers_rotation() {
 #[tokio::test(start_paused = true)]
 async fn a_registry_reconnects_within_its_pause_cap_once_the_controller_is_back() {
     let addr = unique("back");
-    let quick = || ControllerConfig::default().expiry_tick(Duration::from_millis(10)).settle(Duration::ZERO);
     let c = Controller::new(quick());
     c.listen(&addr).await.unwrap();
     let registry = Registry::connect(&addr).await.unwrap();
